@@ -1,0 +1,21 @@
+# `make run` and `make test` work on a fresh machine: the first use creates .venv and installs
+# the project (with the recipes' and tests' extras); later uses reuse it until pyproject.toml changes.
+PYTHON ?= python3
+VENV   ?= .venv
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: run test test-all
+run: $(STAMP)
+	$(VENV)/bin/temper run recipes/digits-cnn.yaml
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest
+
+test-all: $(STAMP)
+	$(VENV)/bin/python -m pytest -m "slow or not slow"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)

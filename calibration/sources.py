@@ -1,0 +1,124 @@
+"""Turn a recipe's `DataSource` into model-ready arrays (and labels), whatever the file format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.callables import call_user, load_callable
+from pipeline.errors import RecipeError
+from pipeline.recipe import DataSource
+
+TABLE_FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Features keyed by model input name (leading dim = samples) and optional labels."""
+
+    features: dict[str, np.ndarray]
+    labels: np.ndarray | None
+
+    def __len__(self) -> int:
+        return len(next(iter(self.features.values())))
+
+    def batches(self, size: int) -> list[dict[str, np.ndarray]]:
+        """Full-size batches only: a short last batch would skew calibration statistics."""
+        count = len(self) // size
+        return [{k: v[i * size : (i + 1) * size] for k, v in self.features.items()} for i in range(count)]
+
+
+def load(source: DataSource, base: Path, recipe_file: str, key: str, input_names: list[str]) -> Dataset:
+    """Load, select columns, sample (seeded), split off labels, preprocess; every failure names `key`."""
+    columns = _read(source, base, recipe_file, key, input_names)
+    if source.columns is not None:
+        missing = [c for c in source.columns if c not in columns]
+        if missing:
+            raise RecipeError(recipe_file, f"{key}.columns", f"no column {missing[0]!r}; the data has: {', '.join(columns)}")
+        keep = set(source.columns) | ({source.label} if source.label else set())
+        columns = {k: v for k, v in columns.items() if k in keep}
+    count = _length(columns, recipe_file, key)
+    if count == 0:
+        raise RecipeError(recipe_file, key, "the data set is empty")
+    order = np.random.default_rng(source.seed).permutation(count)[: source.samples or count]
+    columns = {k: _take(v, order) for k, v in columns.items()}
+    labels = None
+    if source.label is not None:
+        if source.label not in columns:
+            raise RecipeError(recipe_file, f"{key}.label", f"no column {source.label!r}; the data has: {', '.join(columns)}")
+        labels = np.asarray(columns.pop(source.label))
+    if source.preprocess is not None:
+        fn = load_callable(source.preprocess, base, recipe_file, f"{key}.preprocess")
+        columns = call_user(fn, recipe_file, f"{key}.preprocess", columns)
+        if not isinstance(columns, dict):
+            raise RecipeError(recipe_file, f"{key}.preprocess", f"must return a dict of arrays, got {type(columns).__name__}")
+    features = {k: np.asarray(v) for k, v in columns.items() if k in input_names}
+    missing = [n for n in input_names if n not in features]
+    if missing:
+        raise RecipeError(
+            recipe_file, key,
+            f"no data for model input {missing[0]!r} (the data has: {', '.join(columns)}); "
+            "name the column after the input or add a 'preprocess' callable",
+        )
+    if any(len(v) != len(order) for v in features.values()):
+        raise RecipeError(recipe_file, key, "every input must have one row per sample")
+    return Dataset(features, labels)
+
+
+def _read(source: DataSource, base: Path, recipe_file: str, key: str, input_names: list[str]) -> dict[str, Any]:
+    if source.callable is not None:
+        fn = load_callable(source.callable, base, recipe_file, f"{key}.callable")
+        result = call_user(fn, recipe_file, f"{key}.callable")
+        return _columns_of(result, recipe_file, f"{key}.callable")
+    path = (base / source.path).resolve()
+    if not path.exists():
+        raise RecipeError(recipe_file, f"{key}.path", f"'{path}' not found (paths are relative to the recipe's folder)")
+    try:
+        if path.suffix == ".npy":
+            if len(input_names) != 1:
+                raise RecipeError(recipe_file, f"{key}.path", "a .npy file holds one array; use .npz (one array per input)")
+            return {input_names[0]: np.load(path)}
+        if path.suffix == ".npz":
+            with np.load(path) as archive:
+                return {name: archive[name] for name in archive.files}
+        import datasets  # heavy import, only for table files
+
+        if path.is_dir():
+            loaded = datasets.load_from_disk(str(path))
+            if isinstance(loaded, datasets.DatasetDict):
+                if source.split not in loaded:
+                    raise RecipeError(recipe_file, f"{key}.split", f"choose a split: {', '.join(loaded)}")
+                loaded = loaded[source.split]
+            return _columns_of(loaded, recipe_file, key)
+        if path.suffix not in TABLE_FORMATS:
+            raise RecipeError(recipe_file, f"{key}.path", f"unsupported file type '{path.suffix}' (use {', '.join([*TABLE_FORMATS, '.npy', '.npz'])} or a save_to_disk folder)")
+        table = datasets.load_dataset(TABLE_FORMATS[path.suffix], data_files=str(path), split="train")
+        return _columns_of(table, recipe_file, key)
+    except RecipeError:
+        raise
+    except Exception as exc:  # unreadable file: say which and why
+        raise RecipeError(recipe_file, f"{key}.path", f"cannot read '{path.name}': {type(exc).__name__}: {exc}") from exc
+
+
+def _columns_of(result: Any, recipe_file: str, key: str) -> dict[str, Any]:
+    if isinstance(result, dict):
+        return dict(result)
+    if hasattr(result, "column_names") and callable(getattr(result, "to_dict", None)):  # a datasets.Dataset
+        return dict(result.to_dict())
+    raise RecipeError(recipe_file, key, f"expected a dict of arrays or a datasets.Dataset, got {type(result).__name__}")
+
+
+def _length(columns: dict[str, Any], recipe_file: str, key: str) -> int:
+    lengths = {len(v) for v in columns.values()}
+    if len(lengths) > 1:
+        raise RecipeError(recipe_file, key, f"columns have different lengths: {sorted(lengths)}")
+    return lengths.pop() if lengths else 0
+
+
+def _take(values: Any, order: np.ndarray) -> Any:
+    if isinstance(values, np.ndarray):
+        return values[order]
+    return [values[i] for i in order]

@@ -1,0 +1,42 @@
+"""`temper check`: everything a run would reject, found without building any candidate."""
+
+from __future__ import annotations
+
+from pipeline import onnx_io
+from pipeline.callables import load_callable
+from pipeline.errors import OptionError, RecipeError
+from pipeline.recipe import StepSpec
+from pipeline.runner import Runner
+from pipeline.steps import STEPS
+
+
+def check(runner: Runner) -> list[str]:
+    """Return what was checked (for the user); raise RecipeError on the first problem."""
+    recipe, loaded = runner.recipe, runner.loaded
+    done = []
+    if recipe.model.factory is not None:
+        load_callable(recipe.model.factory, loaded.base, loaded.file, "model.factory")
+        done.append(f"model factory {recipe.model.factory} imports")
+    for which in ("calibration", "evaluation"):
+        data = getattr(runner, f"{which}_set")
+        if data is not None:
+            done.append(f"data.{which}: {len(data)} samples")
+    steps = [(f"steps[{i}]", s) for i, s in enumerate(recipe.steps)]
+    for name, candidate in recipe.candidates.items():
+        steps += [(f"candidates.{name}.steps[{i}]", s) for i, s in enumerate(candidate.steps)]
+    if any(STEPS[s.name].uses_calibration and _static(s) for _, s in steps):
+        done.append(f"calibration: {len(runner.calibration_batches)} full batches")
+    baseline = runner.baseline()[-1]
+    done.append(f"baseline model builds ({baseline.bytes:,} bytes{', cached' if baseline.cached else ''})")
+    graph = onnx_io.load_structure(baseline.path)
+    for where, spec in steps[len(recipe.steps):]:
+        try:
+            STEPS[spec.name].validate(graph, spec.options)
+        except OptionError as exc:
+            raise RecipeError(loaded.file, f"{where}.{spec.name}.{exc.key}", exc.message) from None
+    done.append(f"{len(steps) - len(recipe.steps)} candidate steps match the baseline graph")
+    return done
+
+
+def _static(spec: StepSpec) -> bool:
+    return getattr(spec.options, "mode", None) == "static"

@@ -1,0 +1,40 @@
+"""Errors that end a run with a chosen exit code and one line of text, no traceback."""
+
+from __future__ import annotations
+
+
+class TemperError(Exception):
+    """Base class: `exit_code` is what the CLI returns, `str(err)` the one line it prints."""
+
+    exit_code = 1
+
+
+class RecipeError(TemperError):
+    """Bad input: the recipe or something it refers to. Always names the file and key."""
+
+    exit_code = 2
+
+    def __init__(self, file: str, key: str, message: str) -> None:
+        self.file, self.key, self.message = file, key, message
+        where = f"{file}: {key}: " if key else f"{file}: "
+        super().__init__(where + message)
+
+
+class OptionError(ValueError):
+    """Raised by a step's `validate` about one of its own options; the runner adds file and key path."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key, self.message = key, message
+        super().__init__(f"{key}: {message}")
+
+
+class StepFailed(TemperError):
+    """A step ran and could not produce a trustworthy model (export mismatch, NaN after FP16...)."""
+
+    exit_code = 1
+
+
+class EnvironmentProblem(TemperError):
+    """The machine lacks something the recipe needs (a provider, a library, a GPU)."""
+
+    exit_code = 3

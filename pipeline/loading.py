@@ -1,0 +1,122 @@
+"""Read a recipe file into a validated `Recipe`, turning every problem into one RecipeError line."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from pipeline.errors import RecipeError
+from pipeline.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class LoadedRecipe:
+    recipe: Recipe
+    file: str  # as the user wrote it, for messages
+    base: Path  # the recipe's folder: relative paths inside it resolve here
+    sha256: str
+
+    def path(self, relative: str) -> Path:
+        return (self.base / relative).resolve()
+
+
+def load_recipe(path: Path) -> LoadedRecipe:
+    file = str(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise RecipeError(file, "", "file not found") from None
+    except OSError as exc:
+        raise RecipeError(file, "", f"cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+        raise RecipeError(file, where, f"YAML syntax error: {exc.problem}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(file, "", "a recipe is a YAML mapping with keys version, name, model, candidates, ...")
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        key, message = describe(exc.errors()[0], data)
+        raise RecipeError(file, key, message) from None
+    return LoadedRecipe(recipe, file, path.resolve().parent, hashlib.sha256(raw).hexdigest())
+
+
+def describe(error: Any, data: Any) -> tuple[str, str]:
+    """Key path and message for one pydantic error, in the recipe's own terms."""
+    loc = _data_loc(error["loc"], data)
+    kind, given = error["type"], error.get("input")
+    if kind == "extra_forbidden":
+        valid = _fields_at(loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else (f" (valid keys: {', '.join(valid)})" if valid else "")
+        return _path(loc), f"unknown key '{loc[-1]}'{hint}"
+    if kind == "missing":
+        return _path(loc), "missing required key"
+    if kind == "literal_error":
+        expected = error["ctx"]["expected"].replace("'", "").replace(" or ", ", ")
+        return _path(loc), f"{given!r} is not one of {expected}"
+    message = error["msg"].removeprefix("Value error, ")
+    if kind != "value_error" and not isinstance(given, (dict, list)):
+        message += f" (got {given!r})"
+    return _path(loc), message
+
+
+def _data_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
+    """Drop pydantic's internal loc parts (union member names, validator tags) that are not in the data."""
+    kept: list[Any] = []
+    for i, part in enumerate(loc):
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+            data = data[part]
+        elif not (i == len(loc) - 1 and isinstance(part, str) and part != "[key]" and (isinstance(data, dict) or part == data)):
+            continue  # a union member or tag name, not a key the user wrote
+        kept.append(part)
+    return tuple(kept)
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """Valid keys of the pydantic model reached by following `loc` from Recipe."""
+    node: Any = Recipe
+    for part in loc:
+        model = _model_in(node)
+        if model is not None and isinstance(part, str) and part in model.model_fields:
+            node = model.model_fields[part].annotation
+        elif model is None:
+            node = _element(node)
+    model = _model_in(node)
+    return list(model.model_fields) if model else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            if (found := _model_in(arg)) is not None:
+                return found
+    return None
+
+
+def _element(annotation: Any) -> Any:
+    """The value type of a list or dict annotation (for walking into steps[2] or candidates.x)."""
+    args = typing.get_args(annotation)
+    return args[-1] if args else annotation

@@ -1,0 +1,219 @@
+"""The recipe schema: one pydantic model per section and per step, so YAML, JSON Schema and
+Python share a single definition. Every model forbids unknown keys."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt, StringConstraints, model_validator
+
+Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.:/-]*$")]
+# "path/to/file.py:function", resolved relative to the recipe's folder.
+CallableRef = Annotated[str, StringConstraints(pattern=r"^.+\.py:[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+def _dim(value: Any) -> int | str:
+    ok_int = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    ok_name = isinstance(value, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value)
+    if not (ok_int or ok_name):
+        raise ValueError(f"{value!r} is not a dim: use a positive integer or a symbolic name like 'batch'")
+    return value
+
+
+def _name(value: Any) -> str:
+    if not (isinstance(value, str) and re.fullmatch(r"[a-z0-9][a-z0-9._-]*", value)):
+        raise ValueError(f"{value!r} is not a valid name: use lowercase letters, digits, '.', '_' or '-'")
+    return value
+
+
+CandidateName = Annotated[str, BeforeValidator(_name)]
+Dim = Annotated[int | str, BeforeValidator(_dim)]
+DType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputSpec(Strict):
+    """One model input. A string dim is symbolic (`batch`, `seq`): dynamic in the export."""
+
+    name: Identifier
+    dtype: DType = "float32"
+    shape: list[Dim] = Field(min_length=1)
+
+
+class ExportOptions(Strict):
+    """torch.onnx.export settings; the result is compared with torch on a real batch."""
+
+    opset: int = Field(17, ge=9, le=23)
+    dynamo: bool = Field(True, description="torch.export-based exporter (torch's default); false = TorchScript")
+    atol: float = Field(1e-4, ge=0)
+    rtol: float = Field(1e-3, ge=0)
+
+
+class ModelSpec(Strict):
+    """Either a PyTorch factory returning an nn.Module, or an existing ONNX file."""
+
+    factory: CallableRef | None = None
+    onnx: str | None = None
+    inputs: list[InputSpec] = Field(min_length=1)
+    outputs: list[Identifier] = Field(min_length=1)
+    export: ExportOptions = ExportOptions()
+    depends_on: list[str] = Field(
+        default_factory=list,
+        description="Files the factory reads (checkpoints, configs): their bytes are part of the export cache key",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.factory is None) == (self.onnx is None):
+            raise ValueError("give exactly one of 'factory' (file.py:function) or 'onnx' (path to a .onnx file)")
+        if self.onnx is not None and {"export", "depends_on"} & self.model_fields_set:
+            raise ValueError("'export' and 'depends_on' apply to a 'factory' model only")
+        return self
+
+
+class DataSource(Strict):
+    """A calibration or evaluation set: a file/folder loaded with HF `datasets` or numpy, or a callable."""
+
+    path: str | None = Field(None, description="csv, json, jsonl, parquet, npy, npz, or a datasets save_to_disk folder")
+    callable: CallableRef | None = Field(None, description="file.py:function returning a dict of arrays or a datasets.Dataset")
+    split: str | None = Field(None, description="split of a save_to_disk DatasetDict")
+    columns: list[str] | None = Field(None, description="columns to keep (default: all)")
+    label: str | None = Field(None, description="column holding the labels (kept apart from model inputs)")
+    preprocess: CallableRef | None = Field(
+        None, description="file.py:function(columns: dict[str, list|ndarray]) -> dict[input name, ndarray]"
+    )
+    samples: PositiveInt | None = Field(None, description="use this many samples (after a seeded shuffle)")
+    seed: int = 0
+    batch_size: PositiveInt = 32
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSource:
+        if (self.path is None) == (self.callable is None):
+            raise ValueError("give exactly one of 'path' or 'callable'")
+        return self
+
+
+class DataSpec(Strict):
+    calibration: DataSource | None = None
+    evaluation: DataSource | None = None
+
+
+class SimplifyOptions(Strict):
+    """onnx-simplifier: constant folding and redundant-node elimination."""
+
+    skip_fuse_bn: bool = False
+    check_n: int = Field(1, ge=0, description="random-input comparisons onnxsim runs against the input model")
+
+
+class FixShapesOptions(Strict):
+    """Make symbolic dims concrete, by dim name (all inputs) or per input (full shape)."""
+
+    dims: dict[str, PositiveInt] = Field(default_factory=dict)
+    inputs: dict[str, list[PositiveInt]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _something(self) -> FixShapesOptions:
+        if not self.dims and not self.inputs:
+            raise ValueError("give 'dims' (e.g. {batch: 1, seq: 128}) or 'inputs' (e.g. {pixels: [1, 1, 8, 8]})")
+        return self
+
+
+class Fp16Options(Strict):
+    """FP16 conversion with ONNX Runtime's converter; one real batch must run without NaN/Inf."""
+
+    keep_io_types: bool = True
+    op_block_list: list[str] | None = Field(None, description="op types kept in FP32 (default: ONNX Runtime's list)")
+    node_block_list: list[str] = Field(default_factory=list, description="node names kept in FP32")
+
+
+class QuantizeOptions(Strict):
+    """INT8 quantization. `mode: dynamic` needs no data; `mode: static` calibrates on the recipe's data."""
+
+    mode: Literal["dynamic", "static"]
+    backend: Literal["ort", "modelopt"] = "ort"
+    format: Literal["qdq", "qoperator"] = "qdq"
+    per_channel: bool = False
+    reduce_range: bool = False
+    calibration: Literal["minmax", "entropy", "percentile"] = "minmax"
+    percentile: float = Field(99.999, gt=0, le=100, description="for calibration: percentile")
+    num_bins: PositiveInt = Field(2048, description="histogram bins for entropy/percentile calibration")
+    activation_type: Literal["int8", "uint8"] = "int8"
+    weight_type: Literal["int8", "uint8"] = "int8"
+    exclude_nodes: list[str] = Field(default_factory=list, description="node names kept in float")
+    exclude_op_types: list[str] = Field(default_factory=list, description="op types kept in float")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> QuantizeOptions:
+        static_only = {"format", "calibration", "percentile", "num_bins", "activation_type"}
+        if self.mode == "dynamic":
+            misplaced = sorted(static_only & self.model_fields_set)
+            if misplaced:
+                raise ValueError(f"{', '.join(repr(m) for m in misplaced)}: only for mode: static")
+            if self.backend != "ort":
+                raise ValueError("mode: dynamic is implemented by backend: ort only")
+        if self.backend == "modelopt" and self.format != "qdq":
+            raise ValueError("backend: modelopt writes QDQ graphs only (format: qdq)")
+        return self
+
+
+class StepSpec(Strict):
+    """One step: a single-key mapping (`- quantize: {...}`) or a bare name (`- simplify`)."""
+
+    simplify: SimplifyOptions | None = None
+    fix_shapes: FixShapesOptions | None = None
+    fp16: Fp16Options | None = None
+    quantize: QuantizeOptions | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {value: {}}
+        if isinstance(value, dict):
+            return {k: ({} if v is None else v) for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StepSpec:
+        if len(self.model_fields_set) != 1:
+            names = ", ".join(type(self).model_fields)
+            raise ValueError(f"each step is exactly one of: {names}")
+        return self
+
+    @property
+    def name(self) -> str:
+        return next(iter(self.model_fields_set))
+
+    @property
+    def options(self) -> BaseModel:
+        return getattr(self, self.name)
+
+
+class CandidateSpec(Strict):
+    """A named candidate: its own steps, applied to the baseline (the output of the shared steps)."""
+
+    steps: list[StepSpec] = Field(min_length=1)
+
+
+class Recipe(Strict):
+    """A temper recipe, `version: 1`."""
+
+    version: Literal[1]
+    name: CandidateName
+    model: ModelSpec
+    data: DataSpec = DataSpec()
+    steps: list[StepSpec] = Field(default_factory=list, description="shared steps: their output is the FP32 baseline")
+    candidates: dict[CandidateName, CandidateSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _names(self) -> Recipe:
+        if "baseline" in self.candidates:
+            raise ValueError("'baseline' is reserved for the output of the shared steps; rename the candidate")
+        known = {i.name for i in self.model.inputs}
+        if len(known) != len(self.model.inputs):
+            raise ValueError("model.inputs: input names must be unique")
+        return self

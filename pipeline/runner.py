@@ -1,0 +1,281 @@
+"""Run a recipe: source model -> shared steps (the FP32 baseline) -> each candidate's steps.
+
+Every step goes through the content-addressed cache; the runner knows nothing of the CLI (progress
+goes to an `Observer`) and nothing of validation or publishing, which consume its `RunResult`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import onnx
+
+from calibration.sources import Dataset, load
+from pipeline import onnx_io
+from pipeline.cache import MODEL_FILE, StepCache, key_of
+from pipeline.callables import call_user, load_callable, split_ref
+from pipeline.errors import OptionError, RecipeError, StepFailed, TemperError
+from pipeline.loading import LoadedRecipe
+from pipeline.recipe import DataSource, StepSpec
+from pipeline.steps import STEPS
+from pipeline.steps.base import Batch, StepContext
+
+LIBRARIES = ("temper-ml", "torch", "onnx", "onnxruntime", "onnxsim", "numpy")
+
+
+def library_versions() -> dict[str, str]:
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """One model the run produced: what made it, from what, and how long it took (when first built)."""
+
+    id: str
+    parent: str | None
+    step: str
+    options: dict[str, Any]
+    path: Path
+    sha256: str
+    bytes: int
+    seconds: float
+    cached: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items() if k != "path"}
+
+
+@dataclass
+class CandidateOutcome:
+    name: str
+    records: list[ModelRecord] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def model(self) -> ModelRecord | None:
+        return None if self.error else self.records[-1]
+
+
+@dataclass
+class RunResult:
+    baseline: list[ModelRecord]  # source model, then one record per shared step; the last is the baseline
+    candidates: list[CandidateOutcome]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.error is None for c in self.candidates)
+
+
+class Observer(Protocol):
+    def started(self, chain: str, step: str) -> None: ...
+    def finished(self, chain: str, record: ModelRecord) -> None: ...
+
+
+class _Silent:
+    def started(self, chain: str, step: str) -> None:
+        pass
+
+    def finished(self, chain: str, record: ModelRecord) -> None:
+        pass
+
+
+class Runner:
+    def __init__(self, loaded: LoadedRecipe, cache: StepCache, observer: Observer | None = None) -> None:
+        self.loaded, self.recipe, self.cache = loaded, loaded.recipe, cache
+        self.observer = observer or _Silent()
+        self.versions = library_versions()
+        self.scratch = Path(tempfile.mkdtemp(prefix="temper-"))
+
+    def close(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    # -- data -------------------------------------------------------------------------------------
+    def _dataset(self, which: str) -> Dataset | None:
+        source: DataSource | None = getattr(self.recipe.data, which)
+        if source is None:
+            return None
+        names = [i.name for i in self.recipe.model.inputs]
+        data = load(source, self.loaded.base, self.loaded.file, f"data.{which}", names)
+        dtypes = {i.name: i.dtype for i in self.recipe.model.inputs}
+        return Dataset({k: np.asarray(v, dtype=dtypes[k]) for k, v in data.features.items()}, data.labels)
+
+    @cached_property
+    def calibration_set(self) -> Dataset | None:
+        return self._dataset("calibration")
+
+    @cached_property
+    def evaluation_set(self) -> Dataset | None:
+        return self._dataset("evaluation")
+
+    @cached_property
+    def calibration_batches(self) -> list[Batch]:
+        source, data = self.recipe.data.calibration, self.calibration_set
+        if source is None or data is None:
+            raise RecipeError(self.loaded.file, "data.calibration", "static quantization needs calibration data: add data.calibration")
+        batches = data.batches(source.batch_size)
+        if not batches:
+            raise RecipeError(self.loaded.file, "data.calibration.batch_size",
+                              f"the calibration set has {len(data)} samples, fewer than one batch of {source.batch_size}; "
+                              "lower batch_size or add samples")
+        return batches
+
+    @cached_property
+    def calibration_fingerprint(self) -> str:
+        digest = hashlib.sha256()
+        for batch in self.calibration_batches:
+            for name in sorted(batch):
+                digest.update(name.encode() + str(batch[name].dtype).encode() + str(batch[name].shape).encode())
+                digest.update(np.ascontiguousarray(batch[name]).tobytes())
+        return digest.hexdigest()
+
+    def sample(self) -> Batch:
+        """One real batch: evaluation data first (what the model will see), else calibration data."""
+        for which in ("evaluation", "calibration"):
+            source, data = getattr(self.recipe.data, which), getattr(self, f"{which}_set")
+            if data is not None and len(data):
+                return data.batches(min(source.batch_size, len(data)))[0]
+        raise RecipeError(self.loaded.file, "data", "this recipe's steps need a real batch: add data.evaluation or data.calibration")
+
+    def _context(self, folder: Path) -> StepContext:
+        return StepContext(self.recipe.model.inputs, lambda: self.calibration_batches, self.sample, folder)
+
+    # -- models -----------------------------------------------------------------------------------
+    def source(self) -> ModelRecord:
+        """The model as the recipe names it: exported from the factory (cached), or the ONNX file."""
+        spec = self.recipe.model
+        if spec.onnx is not None:
+            return self._onnx_source()
+        path, function = split_ref(spec.factory, self.loaded.base)
+        depends = []
+        for i, dep in enumerate(spec.depends_on):
+            dep_path = self.loaded.path(dep)
+            if not dep_path.is_file():
+                raise RecipeError(self.loaded.file, f"model.depends_on[{i}]", f"'{dep_path}' not found")
+            depends.append(onnx_io.sha256_file(dep_path))
+        factory_sha = onnx_io.sha256_file(path) if path.is_file() else "missing"
+        options = spec.export.model_dump(mode="json")
+        key = key_of(step="export", factory=factory_sha, function=function, depends=depends,
+                     inputs=[i.model_dump(mode="json") for i in spec.inputs], outputs=spec.outputs,
+                     options=options, versions=self.versions)
+
+        def build(dst: Path, ctx: StepContext) -> None:
+            from pipeline.steps.export import export
+
+            fn = load_callable(spec.factory, self.loaded.base, self.loaded.file, "model.factory")
+            module = call_user(fn, self.loaded.file, "model.factory")
+            import torch
+
+            if not isinstance(module, torch.nn.Module):
+                raise RecipeError(self.loaded.file, "model.factory", f"returned {type(module).__name__}, not a torch.nn.Module")
+            export(module, spec, ctx.sample(), dst, ctx.scratch)
+
+        return self._cached("source", None, "export", options, key, build)
+
+    def _onnx_source(self) -> ModelRecord:
+        spec, file = self.recipe.model, self.loaded.file
+        path = self.loaded.path(spec.onnx)
+        if not path.is_file():
+            raise RecipeError(file, "model.onnx", f"'{path}' not found (paths are relative to the recipe's folder)")
+        try:
+            onnx.checker.check_model(str(path))
+            model = onnx_io.load_structure(path)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RecipeError(file, "model.onnx", f"'{path.name}' is not a valid ONNX model: {first}") from None
+        real_inputs = list(onnx_io.dims(model))
+        for i, declared in enumerate(spec.inputs):
+            if declared.name not in real_inputs:
+                raise RecipeError(file, f"model.inputs[{i}].name", f"'{declared.name}' is not an input of {path.name}; its inputs: {', '.join(real_inputs)}")
+        undeclared = [n for n in real_inputs if n not in {i.name for i in spec.inputs}]
+        if undeclared:
+            raise RecipeError(file, "model.inputs", f"{path.name} also takes '{undeclared[0]}': declare every input")
+        real_outputs = [o.name for o in model.graph.output]
+        for i, name in enumerate(spec.outputs):
+            if name not in real_outputs:
+                raise RecipeError(file, f"model.outputs[{i}]", f"'{name}' is not an output of {path.name}; its outputs: {', '.join(real_outputs)}")
+        return ModelRecord("source", None, "load", {"onnx": spec.onnx}, path, onnx_io.sha256_file(path),
+                           path.stat().st_size, 0.0, False)
+
+    def chain(self, name: str, start: ModelRecord, steps: list[StepSpec], keypath: str) -> list[ModelRecord]:
+        records = [start]
+        for index, spec in enumerate(steps):
+            step, options = STEPS[spec.name], spec.options
+            where = f"{keypath}[{index}].{spec.name}"
+            parent = records[-1]
+            key_parts: dict[str, Any] = dict(step=spec.name, options=options.model_dump(mode="json"),
+                                             input=parent.sha256, versions=self.versions)
+            if step.uses_calibration:
+                key_parts["data"] = self.calibration_fingerprint
+            key = key_of(**key_parts)
+
+            def build(dst: Path, ctx: StepContext, step=step, options=options, parent=parent, where=where) -> None:
+                try:
+                    step.validate(onnx_io.load_structure(parent.path), options)
+                    step.run(parent.path, dst, options, ctx)
+                except OptionError as exc:
+                    raise RecipeError(self.loaded.file, f"{where}.{exc.key}", exc.message) from exc
+
+            records.append(self._cached(f"{name}/{index + 1}-{spec.name}", parent.id, spec.name,
+                                        options.model_dump(mode="json"), key, build, chain=name))
+        return records
+
+    def _cached(self, model_id: str, parent: str | None, step: str, options: dict[str, Any], key: str,
+                build: Any, chain: str = "baseline") -> ModelRecord:
+        self.observer.started(chain, step)
+        hit = self.cache.get(key)
+        if hit is not None:
+            path, meta = hit
+            cached, seconds = True, meta["seconds"]
+        else:
+            folder = Path(tempfile.mkdtemp(dir=self.scratch))
+            (folder / "out").mkdir()
+            (folder / "work").mkdir()
+            dst = folder / "out" / MODEL_FILE
+            begin = time.perf_counter()
+            try:
+                build(dst, self._context(folder / "work"))
+            except TemperError:
+                raise
+            except Exception as exc:  # a library failing inside a step: one line, cause kept for --debug
+                raise StepFailed(f"{step}: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
+            seconds = time.perf_counter() - begin
+            if not dst.is_file():
+                raise StepFailed(f"{step}: produced no model")
+            path = self.cache.put(key, dst, {"seconds": seconds, "step": step, "options": options})
+            cached = False
+        record = ModelRecord(model_id, parent, step, options, path, onnx_io.sha256_file(path),
+                             path.stat().st_size, round(seconds, 3), cached)
+        self.observer.finished(chain, record)
+        return record
+
+    def baseline(self) -> list[ModelRecord]:
+        return self.chain("baseline", self.source(), self.recipe.steps, "steps")
+
+    def run(self) -> RunResult:
+        """Build the baseline, then every candidate; one candidate's failure does not stop the others."""
+        base = self.baseline()
+        outcomes = []
+        for name, candidate in self.recipe.candidates.items():
+            outcome = CandidateOutcome(name)
+            try:
+                outcome.records = self.chain(name, base[-1], candidate.steps, f"candidates.{name}.steps")[1:]
+            except StepFailed as exc:
+                outcome.error = str(exc)
+            outcomes.append(outcome)
+        return RunResult(base, outcomes)
+

@@ -1,0 +1,42 @@
+"""The step interface: ONNX file in, ONNX file out, options from one pydantic model."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Generic, TypeVar
+
+import numpy as np
+import onnx
+from pydantic import BaseModel
+
+from pipeline.recipe import InputSpec
+
+Batch = dict[str, np.ndarray]
+Options = TypeVar("Options", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a step may use besides its input model. Data loads lazily: most steps never touch it."""
+
+    inputs: list[InputSpec]
+    calibration: Callable[[], list[Batch]]  # full-size batches; raises RecipeError when there is no usable set
+    sample: Callable[[], Batch]  # one real batch for sanity checks (NaN/Inf, output comparison)
+    scratch: Path  # a private empty folder for intermediate files
+
+
+class Step(ABC, Generic[Options]):
+    """A registered step. `validate` is cheap and runs before `run` (and in `temper check`)."""
+
+    name: ClassVar[str]
+    uses_calibration: ClassVar[bool] = False  # the calibration data becomes part of the cache key
+
+    def validate(self, model: onnx.ModelProto, options: Options) -> None:
+        """Raise OptionError(key, message) when an option names something the graph lacks."""
+
+    @abstractmethod
+    def run(self, src: Path, dst: Path, options: Options, ctx: StepContext) -> None:
+        """Read the model at `src`, write the transformed model to `dst`; raise StepFailed when it cannot."""

@@ -1,0 +1,74 @@
+"""The `export` step: torch module -> ONNX, checked against torch on a real batch before it is trusted."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from pipeline import onnx_io
+from pipeline.errors import StepFailed
+from pipeline.recipe import ModelSpec
+from validators.fidelity import compare
+
+Batch = dict[str, np.ndarray]
+
+
+def dynamic_axes(spec: ModelSpec) -> dict[str, dict[int, str]]:
+    """Symbolic dims of the recipe's inputs; outputs share the first input's leading (batch) dim."""
+    axes = {i.name: {a: d for a, d in enumerate(i.shape) if isinstance(d, str)} for i in spec.inputs}
+    lead = spec.inputs[0].shape[0]
+    if isinstance(lead, str):
+        axes.update({name: {0: lead} for name in spec.outputs})
+    return {k: v for k, v in axes.items() if v}
+
+
+def export(module: torch.nn.Module, spec: ModelSpec, sample: Batch, dst: Path, scratch: Path) -> None:
+    """Export `module`, then compare ONNX Runtime with torch on `sample`; a mismatch is a StepFailed."""
+    module.eval()
+    feed = {i.name: sample[i.name] for i in spec.inputs}
+    args = tuple(torch.from_numpy(np.ascontiguousarray(feed[i.name])) for i in spec.inputs)
+    raw = scratch / "exported.onnx"
+    opts = spec.export
+    logs = io.StringIO()
+    try:
+        with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(logs), _quiet_torch_logs():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module, args, str(raw),
+                input_names=[i.name for i in spec.inputs], output_names=list(spec.outputs),
+                dynamic_axes=dynamic_axes(spec) or None, opset_version=opts.opset, dynamo=opts.dynamo,
+            )
+            expected = module(*args)
+    except Exception as exc:
+        raise StepFailed(f"export: torch.onnx.export failed ({'dynamo' if opts.dynamo else 'torchscript'} exporter): "
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+                         f"(try model.export.dynamo: {str(not opts.dynamo).lower()})") from exc
+    onnx_io.save(onnx.load(str(raw)), dst)  # inline the weights the dynamo exporter writes beside the file
+    expected_list = [expected] if isinstance(expected, torch.Tensor) else list(expected)
+    if len(expected_list) != len(spec.outputs):
+        raise StepFailed(f"export: the module returns {len(expected_list)} outputs but model.outputs names {len(spec.outputs)}")
+    got = onnx_io.run(dst, feed)
+    for name, ref, out in zip(spec.outputs, expected_list, got):
+        result = compare(name, ref.detach().numpy(), out, atol=opts.atol, rtol=opts.rtol)
+        if not result.within_tolerance:
+            raise StepFailed(f"export: ONNX output differs from torch beyond atol={opts.atol}, rtol={opts.rtol}: "
+                             f"{result.describe()}")
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """torch.onnx prints progress and warnings through logging; the CLI shows its own progress."""
+    logger = logging.getLogger("torch")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

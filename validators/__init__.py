@@ -1,0 +1,1 @@
+"""Validators: compare candidates with their baseline and measure them."""

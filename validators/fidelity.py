@@ -1,0 +1,53 @@
+"""Per-output numeric comparison in Polygraphy's vocabulary: abs/rel error statistics and cosine."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    name: str
+    max_abs: float
+    mean_abs: float
+    p99_abs: float
+    max_rel: float
+    cosine: float
+    nonfinite: int  # NaN/Inf count in the candidate output
+    within_tolerance: bool
+
+    def as_dict(self) -> dict[str, float | int | bool | str]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: max abs err {self.max_abs:.3g}, mean {self.mean_abs:.3g}, "
+            f"max rel {self.max_rel:.3g}, cosine {self.cosine:.6f}, non-finite {self.nonfinite}"
+        )
+
+
+def compare(name: str, reference: np.ndarray, candidate: np.ndarray, atol: float, rtol: float) -> OutputComparison:
+    """Compare one output; `within_tolerance` follows numpy.allclose (|c - r| <= atol + rtol*|r|)."""
+    ref = np.asarray(reference, dtype=np.float64)
+    got = np.asarray(candidate, dtype=np.float64)
+    if ref.shape != got.shape:
+        raise ValueError(f"output '{name}': shapes differ, {list(ref.shape)} vs {list(got.shape)}")
+    nonfinite = int(np.size(got) - np.count_nonzero(np.isfinite(got)))
+    err = np.abs(got - ref)
+    rel = err / np.maximum(np.abs(ref), 1e-12)
+    a, b = ref.ravel(), got.ravel()
+    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
+    cosine = float(np.dot(a, b) / norm) if norm > 0 else float(np.array_equal(a, b))
+    finite = nonfinite == 0
+    return OutputComparison(
+        name=name,
+        max_abs=float(err.max()) if err.size else 0.0,
+        mean_abs=float(err.mean()) if err.size else 0.0,
+        p99_abs=float(np.percentile(err, 99)) if err.size else 0.0,
+        max_rel=float(rel.max()) if rel.size else 0.0,
+        cosine=cosine,
+        nonfinite=nonfinite,
+        within_tolerance=finite and bool(np.allclose(got, ref, atol=atol, rtol=rtol)),
+    )

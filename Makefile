@@ -4,14 +4,12 @@ PYTHON ?= python3
 VENV   ?= .venv
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test test-all
+.PHONY: run test
 run: $(STAMP)
 	$(VENV)/bin/temper run recipes/digits-cnn.yaml
 
+# The whole suite, slow MiniLM tests included (a few minutes); plain `pytest` skips those.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest
-
-test-all: $(STAMP)
 	$(VENV)/bin/python -m pytest -m "slow or not slow"
 
 $(STAMP): pyproject.toml

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import RecipeError
+from pipeline.errors import RecipeError, first_line
 
 
 def split_ref(ref: str, base: Path) -> tuple[Path, str]:
@@ -32,7 +32,7 @@ def load_callable(ref: str, base: Path, recipe_file: str, key: str) -> Callable[
         try:
             spec.loader.exec_module(module)
         except Exception as exc:  # the user's code: report it, don't crash with its traceback
-            raise RecipeError(recipe_file, key, f"importing {path.name} raised {type(exc).__name__}: {exc}") from exc
+            raise RecipeError(recipe_file, key, f"importing {path.name} raised {first_line(exc)}") from exc
         finally:
             sys.path.remove(str(path.parent))
         sys.modules[name] = module
@@ -48,4 +48,4 @@ def call_user(fn: Callable[..., Any], recipe_file: str, key: str, *args: Any) ->
     try:
         return fn(*args)
     except Exception as exc:
-        raise RecipeError(recipe_file, key, f"{fn.__name__}() raised {type(exc).__name__}: {exc}") from exc
+        raise RecipeError(recipe_file, key, f"{fn.__name__}() raised {first_line(exc)}") from exc

@@ -13,10 +13,11 @@ from pipeline.steps import STEPS
 def check(runner: Runner) -> list[str]:
     """Return what was checked (for the user); raise RecipeError on the first problem."""
     recipe, loaded = runner.recipe, runner.loaded
-    done = []
     if recipe.model.factory is not None:
         load_callable(recipe.model.factory, loaded.base, loaded.file, "model.factory")
-        done.append(f"model factory {recipe.model.factory} imports")
+        done = [f"model factory {recipe.model.factory} imports"]
+    else:
+        done = [f"model {runner.source().path.name} is valid ONNX with the declared inputs and outputs"]
     for which in ("calibration", "evaluation"):
         data = getattr(runner, f"{which}_set")
         if data is not None:

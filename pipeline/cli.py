@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -33,8 +34,10 @@ CacheOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="step cach
 
 
 @app.callback()
-def _options(debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False) -> None:
+def _options(debug: Annotated[bool, typer.Option("--debug", help="show tracebacks and library warnings")] = False) -> None:
     DEBUG["on"] = debug
+    # Exporters and quantizers log advice meant for their own developers; temper reports what matters.
+    logging.getLogger().setLevel(logging.DEBUG if debug else logging.ERROR)
 
 
 class _Display:
@@ -109,7 +112,7 @@ def _summary(result: RunResult) -> Table:
     table = Table(title="temper run", title_justify="left")
     for col, justify in (("model", "left"), ("status", "left"), ("size", "right"), ("steps (time)", "left"), ("total", "right")):
         table.add_column(col, justify=justify)
-    rows = [("baseline", result.baseline[1:] or result.baseline, None)]
+    rows = [("baseline", result.baseline, None)]
     rows += [(c.name, c.records, c.error) for c in result.candidates]
     for name, records, error in rows:
         steps = ", ".join(f"{r.step} {r.seconds:.1f}s{'*' if r.cached else ''}" for r in records)
@@ -130,13 +133,11 @@ def _shown(path: Path) -> str:
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # recipes load local models; never reach for a hub
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # returns the code of a typer.Exit raised by a command
     except TemperError as exc:
         if DEBUG["on"]:
             raise
         err.print(Text.assemble(("error: ", "red"), str(exc)), soft_wrap=True)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
@@ -147,3 +148,4 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("interrupted: nothing was written to the output folder")
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

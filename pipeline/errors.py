@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """`Type: first line of the message`: library messages run to pages; the CLI shows one line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 class TemperError(Exception):
     """Base class: `exit_code` is what the CLI returns, `str(err)` the one line it prints."""
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+from google.protobuf.message import EncodeError
 
 from pipeline.errors import OptionError
 
@@ -29,7 +30,10 @@ def load_structure(path: Path) -> onnx.ModelProto:
 
 def save(model: onnx.ModelProto, path: Path) -> None:
     """Save, switching to external data past protobuf's 2 GB limit."""
-    large = model.ByteSize() > 1_800_000_000
+    try:
+        large = model.ByteSize() > 1_800_000_000
+    except EncodeError:  # protobuf refuses to even size a message past 2 GB
+        large = True
     onnx.save_model(model, str(path), save_as_external_data=large, location=path.name + ".data" if large else None)
 
 

@@ -23,7 +23,7 @@ from calibration.sources import Dataset, load
 from pipeline import onnx_io
 from pipeline.cache import MODEL_FILE, StepCache, key_of
 from pipeline.callables import call_user, load_callable, split_ref
-from pipeline.errors import OptionError, RecipeError, StepFailed, TemperError
+from pipeline.errors import OptionError, RecipeError, StepFailed, TemperError, first_line
 from pipeline.loading import LoadedRecipe
 from pipeline.recipe import DataSource, StepSpec
 from pipeline.steps import STEPS
@@ -94,6 +94,15 @@ class _Silent:
         pass
 
 
+def _fingerprint(batches: list[Batch]) -> str:
+    digest = hashlib.sha256()
+    for batch in batches:
+        for name in sorted(batch):
+            digest.update(f"{name}:{batch[name].dtype}:{batch[name].shape}".encode())
+            digest.update(np.ascontiguousarray(batch[name]).tobytes())
+    return digest.hexdigest()
+
+
 class Runner:
     def __init__(self, loaded: LoadedRecipe, cache: StepCache, observer: Observer | None = None) -> None:
         self.loaded, self.recipe, self.cache = loaded, loaded.recipe, cache
@@ -136,12 +145,12 @@ class Runner:
 
     @cached_property
     def calibration_fingerprint(self) -> str:
-        digest = hashlib.sha256()
-        for batch in self.calibration_batches:
-            for name in sorted(batch):
-                digest.update(name.encode() + str(batch[name].dtype).encode() + str(batch[name].shape).encode())
-                digest.update(np.ascontiguousarray(batch[name]).tobytes())
-        return digest.hexdigest()
+        return _fingerprint(self.calibration_batches)
+
+    @cached_property
+    def sample_fingerprint(self) -> str:
+        """Steps check their output on the sample batch: a new sample must re-run those checks."""
+        return _fingerprint([self.sample()])
 
     def sample(self) -> Batch:
         """One real batch: evaluation data first (what the model will see), else calibration data."""
@@ -171,7 +180,7 @@ class Runner:
         options = spec.export.model_dump(mode="json")
         key = key_of(step="export", factory=factory_sha, function=function, depends=depends,
                      inputs=[i.model_dump(mode="json") for i in spec.inputs], outputs=spec.outputs,
-                     options=options, versions=self.versions)
+                     options=options, versions=self.versions, sample=self.sample_fingerprint)
 
         def build(dst: Path, ctx: StepContext) -> None:
             from pipeline.steps.export import export
@@ -195,8 +204,7 @@ class Runner:
             onnx.checker.check_model(str(path))
             model = onnx_io.load_structure(path)
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RecipeError(file, "model.onnx", f"'{path.name}' is not a valid ONNX model: {first}") from None
+            raise RecipeError(file, "model.onnx", f"'{path.name}' is not a valid ONNX model: {first_line(exc)}") from None
         real_inputs = list(onnx_io.dims(model))
         for i, declared in enumerate(spec.inputs):
             if declared.name not in real_inputs:
@@ -218,7 +226,8 @@ class Runner:
             where = f"{keypath}[{index}].{spec.name}"
             parent = records[-1]
             key_parts: dict[str, Any] = dict(step=spec.name, options=options.model_dump(mode="json"),
-                                             input=parent.sha256, versions=self.versions)
+                                             input=parent.sha256, versions=self.versions,
+                                             sample=self.sample_fingerprint)
             if step.uses_calibration:
                 key_parts["data"] = self.calibration_fingerprint
             key = key_of(**key_parts)
@@ -252,7 +261,7 @@ class Runner:
             except TemperError:
                 raise
             except Exception as exc:  # a library failing inside a step: one line, cause kept for --debug
-                raise StepFailed(f"{step}: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
+                raise StepFailed(f"{step}: {first_line(exc)}") from exc
             seconds = time.perf_counter() - begin
             if not dst.is_file():
                 raise StepFailed(f"{step}: produced no model")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import numpy as np
 import onnx
 from pydantic import BaseModel
 
+from pipeline.errors import OptionError
 from pipeline.recipe import InputSpec
 
 Batch = dict[str, np.ndarray]
@@ -40,3 +42,19 @@ class Step(ABC, Generic[Options]):
     @abstractmethod
     def run(self, src: Path, dst: Path, options: Options, ctx: StepContext) -> None:
         """Read the model at `src`, write the transformed model to `dst`; raise StepFailed when it cannot."""
+
+
+def require_known(key: str, what: str, wanted: list[str], present: list[str]) -> None:
+    """Raise OptionError for the first name not in `present`, with the closest real names as a hint."""
+    known = set(present)
+    for index, name in enumerate(wanted):
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, present, n=3)
+        if close:
+            hint = "closest: " + ", ".join(close)
+        elif present:
+            hint = "it has: " + ", ".join(present[:5]) + (", ..." if len(present) > 5 else "")
+        else:
+            hint = f"the graph has no named {what}s"
+        raise OptionError(f"{key}[{index}]", f"{what} '{name}' is not in the graph; {hint}")

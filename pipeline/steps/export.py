@@ -13,7 +13,7 @@ import onnx
 import torch
 
 from pipeline import onnx_io
-from pipeline.errors import StepFailed
+from pipeline.errors import StepFailed, first_line
 from pipeline.recipe import ModelSpec
 from validators.fidelity import compare
 
@@ -48,9 +48,15 @@ def export(module: torch.nn.Module, spec: ModelSpec, sample: Batch, dst: Path, s
             expected = module(*args)
     except Exception as exc:
         raise StepFailed(f"export: torch.onnx.export failed ({'dynamo' if opts.dynamo else 'torchscript'} exporter): "
-                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+                         f"{first_line(exc)} "
                          f"(try model.export.dynamo: {str(not opts.dynamo).lower()})") from exc
-    onnx_io.save(onnx.load(str(raw)), dst)  # inline the weights the dynamo exporter writes beside the file
+    exported = onnx.load(str(raw))
+    try:
+        onnx.checker.check_model(exported, full_check=True)
+    except Exception as exc:  # e.g. the dynamo exporter defining an output name twice (pytorch#158094)
+        raise StepFailed(f"export: the exported graph is invalid: {first_line(exc)} "
+                         f"(try model.export.dynamo: {str(not opts.dynamo).lower()})") from exc
+    onnx_io.save(exported, dst)  # inline the weights the dynamo exporter writes beside the file
     expected_list = [expected] if isinstance(expected, torch.Tensor) else list(expected)
     if len(expected_list) != len(spec.outputs):
         raise StepFailed(f"export: the module returns {len(expected_list)} outputs but model.outputs names {len(spec.outputs)}")

@@ -1,0 +1,130 @@
+"""The quantize step: INT8 with ONNX Runtime (dynamic or static) or NVIDIA ModelOpt (static).
+
+Library failures become one StepFailed line; our own errors (bad data, bad options, a
+missing backend) pass through untouched so they keep their exit codes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import onnx
+
+from pipeline import onnx_io
+from pipeline.errors import OptionError, StepFailed, TemperError, first_line
+from pipeline.recipe import QuantizeOptions
+from pipeline.steps import quantize_dynamic, quantize_modelopt, quantize_static
+from pipeline.steps.base import Batch, Step, StepContext, require_known
+
+
+class Quantize(Step[QuantizeOptions]):
+    """INT8 quantization; static modes calibrate on the recipe's calibration set."""
+
+    name: ClassVar[str] = "quantize"
+    uses_calibration: ClassVar[bool] = True
+
+    def validate(self, model: onnx.ModelProto, options: QuantizeOptions) -> None:
+        nodes = [node.name for node in model.graph.node if node.name]
+        require_known("exclude_nodes", "node", options.exclude_nodes, nodes)
+        op_types = sorted({node.op_type for node in model.graph.node})
+        require_known("exclude_op_types", "op type", options.exclude_op_types, op_types)
+        if options.backend == "modelopt":
+            quantize_modelopt.validate(options)
+        elif options.mode == "static":
+            quantize_static.validate(options)
+
+    def run(self, src: Path, dst: Path, options: QuantizeOptions, ctx: StepContext) -> None:
+        structure = onnx_io.load_structure(src)
+        large = _needs_external_data(structure)
+        if options.mode == "dynamic":
+            keep_float = sorted(set(options.exclude_nodes) | set(_nodes_of_types(structure, options.exclude_op_types)))
+            _library(
+                "ONNX Runtime dynamic quantization",
+                lambda: quantize_dynamic.quantize(src, dst, options, structure, keep_float, large),
+            )
+        elif options.backend == "ort":
+            feeds = calibration_feeds(structure, ctx.calibration())
+            typed = _nodes_of_types(structure, options.exclude_op_types)
+            _library(
+                "ONNX Runtime static quantization",
+                lambda: quantize_static.quantize(src, dst, options, feeds, typed, ctx.scratch, large),
+            )
+        else:
+            quantize_modelopt.require()  # before loading data: a missing backend should fail fast
+            feeds = calibration_feeds(structure, ctx.calibration())
+            _library(
+                "ModelOpt quantization",
+                lambda: quantize_modelopt.quantize(src, dst, options, feeds, ctx.scratch, large),
+            )
+        _check_runs(dst, ctx.sample())
+
+
+def calibration_feeds(model: onnx.ModelProto, batches: list[Batch]) -> list[Batch]:
+    """The calibration batches as feeds for `model`.
+
+    A batch larger than a fixed batch dim is cut into full-size chunks so every sample
+    counts (fit_batch alone would keep only its first rows).
+    """
+    shapes = onnx_io.dims(model).values()
+    leading = {shape[0] for shape in shapes if shape and isinstance(shape[0], int) and shape[0] > 0}
+    size = leading.pop() if len(leading) == 1 else None
+    feeds: list[Batch] = []
+    for batch in batches:
+        rows = min(len(array) for array in batch.values())
+        if size and rows > size:
+            starts = range(0, rows - size + 1, size)
+            feeds += [onnx_io.fit_batch(model, {k: v[s : s + size] for k, v in batch.items()}) for s in starts]
+        else:
+            feeds.append(onnx_io.fit_batch(model, batch))
+    if not feeds:
+        raise StepFailed("quantize: the calibration set has no batches")
+    return feeds
+
+
+def _nodes_of_types(model: onnx.ModelProto, op_types: list[str]) -> list[str]:
+    """Names of the nodes of the excluded op types.
+
+    The libraries rewrite ops before they match op types (dynamic: Gemm -> MatMul + Add;
+    quant_pre_process: MatMul + Add -> Gemm), so an op-type exclusion only holds when it
+    is passed as node names too.
+    """
+    wanted = set(op_types)
+    return [node.name for node in model.graph.node if node.op_type in wanted and node.name]
+
+
+def _needs_external_data(model: onnx.ModelProto) -> bool:
+    """Past protobuf's 2 GB limit the libraries must write weights as external data too."""
+    external = any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer)
+    return external or model.ByteSize() > 1_800_000_000
+
+
+def _library(what: str, work: Callable[[], None]) -> None:
+    """Run library code with its progress prints off stdout and its failures as one line."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            work()
+    except (TemperError, OptionError):
+        raise
+    except Exception as err:
+        raise StepFailed(f"quantize: {what} failed: {first_line(err)}") from err
+
+
+def _check_runs(path: Path, sample: Batch) -> None:
+    """The quantized model must load in ONNX Runtime and give finite outputs on a real batch."""
+    try:
+        sess = onnx_io.session(path)
+    except Exception as err:
+        raise StepFailed(f"quantize: the quantized model does not load in ONNX Runtime: {first_line(err)}") from err
+    feed = onnx_io.fit_batch(onnx_io.load_structure(path), sample)
+    try:
+        outputs = sess.run(None, feed)
+    except Exception as err:
+        raise StepFailed(f"quantize: the quantized model does not run in ONNX Runtime: {first_line(err)}") from err
+    for meta, value in zip(sess.get_outputs(), outputs, strict=True):
+        if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+            raise StepFailed(f"quantize: output '{meta.name}' of the quantized model has NaN/Inf on a sample batch")

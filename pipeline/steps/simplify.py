@@ -1,0 +1,61 @@
+"""Simplify: onnx-simplifier's constant folding and redundant-node elimination.
+
+A failed simplification is an error, never a silent pass-through of the input. With
+`check_n: 0` onnxsim only runs the ONNX checker and reports success even for a graph that
+ONNX Runtime refuses to load, so the result is always opened in a session before it counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import onnxsim
+
+from pipeline.errors import StepFailed, first_line
+from pipeline.onnx_io import dims, fit_batch, load_structure, save, session
+from pipeline.recipe import SimplifyOptions
+from pipeline.steps.base import Step, StepContext
+
+
+def _check_shapes(src: Path, ctx: StepContext) -> dict[str, list[int]] | None:
+    """Input shapes for onnxsim's random check, from a real batch, when onnxsim cannot size them.
+
+    onnxsim sets a symbolic leading dim to 1 itself but raises on any other symbolic dim.
+    """
+    structure = load_structure(src)
+    if all(isinstance(d, int) and d > 0 for shape in dims(structure).values() for d in shape[1:]):
+        return None
+    return {name: list(array.shape) for name, array in fit_batch(structure, ctx.sample()).items()}
+
+
+class Simplify(Step[SimplifyOptions]):
+    name = "simplify"
+
+    def run(self, src: Path, dst: Path, options: SimplifyOptions, ctx: StepContext) -> None:
+        shapes = _check_shapes(src, ctx) if options.check_n else None
+        log = io.StringIO()
+        try:
+            # A path (not a ModelProto) lets onnxsim resolve external data next to `src`
+            # and take its external-data route for models past protobuf's 2 GB limit.
+            with contextlib.redirect_stdout(log):
+                model, check_ok = onnxsim.simplify(
+                    str(src),
+                    check_n=options.check_n,
+                    skip_fuse_bn=options.skip_fuse_bn,
+                    test_input_shapes=shapes,
+                )
+        except Exception as err:  # onnxsim raises anything from RuntimeError to ORT's Fail
+            raise StepFailed(f"simplify: onnx-simplifier failed: {first_line(err)}") from err
+        if not check_ok:
+            changed = [line for line in log.getvalue().splitlines() if "changes after optimization" in line]
+            reason = changed[0].strip() if changed else "outputs differ from the input model's"
+            raise StepFailed(f"simplify: onnx-simplifier failed: {reason} (try skip_fuse_bn: true)")
+        save(model, dst)
+        try:
+            session(dst)
+        except Exception as err:
+            raise StepFailed(
+                f"simplify: onnx-simplifier failed: its result does not load in onnxruntime: {first_line(err)}"
+            ) from err

@@ -98,12 +98,14 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str]:
     node: Any = Recipe
     for part in loc:
         model = _model_in(node)
-        if model is not None and isinstance(part, str) and part in model.model_fields:
-            node = model.model_fields[part].annotation
-        elif model is None:
+        if model is not None:
+            fields = {f.alias or name: f for name, f in model.model_fields.items()}
+            if part in fields:
+                node = fields[part].annotation
+        else:
             node = _element(node)
     model = _model_in(node)
-    return list(model.model_fields) if model else []
+    return [f.alias or name for name, f in model.model_fields.items()] if model else []
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

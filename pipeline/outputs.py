@@ -67,7 +67,7 @@ def manifest(loaded: LoadedRecipe, result: RunResult) -> dict[str, Any]:
         records.update({r.id: r for r in outcome.records})
     return {
         "recipe": {"name": loaded.recipe.name, "file": loaded.file, "sha256": loaded.sha256,
-                   "resolved": loaded.recipe.model_dump(mode="json", exclude_unset=False)},
+                   "resolved": loaded.recipe.model_dump(mode="json", by_alias=True)},
         "versions": library_versions(),
         "baseline": {"model": result.baseline[-1].id, "path": f"baseline/{MODEL_FILE}"},
         "candidates": {

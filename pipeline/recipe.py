@@ -33,7 +33,7 @@ DType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
 class InputSpec(Strict):
@@ -193,6 +193,77 @@ class StepSpec(Strict):
         return getattr(self, self.name)
 
 
+BUILTIN_METRICS = ("top1", "topk", "f1", "cosine", "mse", "probe")
+PROVIDERS = ("cpu", "cuda", "tensorrt")
+
+
+def _metric(value: Any) -> str:
+    if not isinstance(value, str) or not (value in BUILTIN_METRICS or re.fullmatch(r".+\.py:[A-Za-z_]\w*", value)):
+        raise ValueError(f"{value!r} is not a metric: use one of {', '.join(BUILTIN_METRICS)}, or file.py:function")
+    return value
+
+
+def _budget(value: Any) -> float | str:
+    """An absolute drop (0.01) or a relative one ("1%"), never negative: it is how much worse a candidate may be."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{value!r} is not a budget: use a number like 0.01 (absolute) or a string like '1%' (relative)")
+    number = value
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*%\s*", value)
+        if not match:
+            raise ValueError(f"{value!r} is not a budget: a relative budget is a percentage like '1%'")
+        number = float(match.group(1))
+    if number < 0:
+        raise ValueError(f"{value!r} is negative: max_drop is how much worse than the baseline a candidate may be (>= 0)")
+    return value if isinstance(value, str) else float(value)
+
+
+class AccuracyGate(Strict):
+    """The candidate's metric on the evaluation set may fall at most `max_drop` below the baseline's."""
+
+    metric: Annotated[str, BeforeValidator(_metric)] = Field(
+        "top1", description="top1, topk (with k), f1 (macro), cosine / mse (to the baseline's outputs), "
+        "probe (logistic regression on baseline outputs of the calibration set), or file.py:function")
+    k: PositiveInt = Field(5, description="for metric: topk")
+    output: str | None = Field(None, description="which model output the metric reads (default: the first)")
+    max_drop: Annotated[float | str, BeforeValidator(_budget)]
+    higher_is_better: bool | None = Field(None, description="required for a file.py:function metric")
+
+    @model_validator(mode="after")
+    def _direction(self) -> AccuracyGate:
+        custom = self.metric not in BUILTIN_METRICS
+        if custom and self.higher_is_better is None:
+            raise ValueError("a file.py:function metric needs higher_is_better: true or false")
+        if not custom and self.higher_is_better is not None:
+            raise ValueError(f"higher_is_better is fixed for the built-in metric {self.metric}; remove it")
+        if "k" in self.model_fields_set and self.metric != "topk":
+            raise ValueError("k applies to metric: topk only")
+        return self
+
+
+class FidelityGate(Strict):
+    """Per-output agreement with the baseline on the evaluation set; any NaN/Inf always fails."""
+
+    cosine_min: float | None = Field(None, ge=-1, le=1)
+    atol: float | None = Field(None, ge=0, description="largest allowed absolute error per output")
+
+
+class ThroughputSpec(Strict):
+    """Batched throughput of the baseline and every candidate; `min_speedup` gates each batch size."""
+
+    batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
+    providers: list[Literal["cpu", "cuda", "tensorrt"]] = Field(default_factory=lambda: ["cpu"], min_length=1)
+    duration_s: float = Field(3.0, gt=0, description="timed seconds per model, batch size and provider")
+    warmup_s: float = Field(0.5, ge=0)
+    min_speedup: float | None = Field(None, gt=0, description="candidate samples/s over baseline samples/s, at every batch size")
+
+
+class ValidateSpec(Strict):
+    accuracy: AccuracyGate | None = None
+    fidelity: FidelityGate | None = None
+    throughput: ThroughputSpec | None = None
+
+
 class CandidateSpec(Strict):
     """A named candidate: its own steps, applied to the baseline (the output of the shared steps)."""
 
@@ -208,6 +279,9 @@ class Recipe(Strict):
     data: DataSpec = DataSpec()
     steps: list[StepSpec] = Field(default_factory=list, description="shared steps: their output is the FP32 baseline")
     candidates: dict[CandidateName, CandidateSpec] = Field(min_length=1)
+    validation: ValidateSpec | None = Field(None, alias="validate", description="gates every candidate must hold")
+    select: Literal["fastest-passing", "smallest-passing"] = Field(
+        "fastest-passing", description="which passing candidate wins (ties: the smaller file)")
 
     @model_validator(mode="after")
     def _names(self) -> Recipe:

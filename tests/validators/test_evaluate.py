@@ -1,0 +1,74 @@
+"""predict(): batched evaluation equals one full run, fixed-batch models keep every row, fp16 comes back fp32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from pipeline import onnx_io
+from validators.evaluate import predict
+
+WEIGHTS = np.random.default_rng(0).standard_normal((3, 2)).astype(np.float32)
+ROWS = np.random.default_rng(1).standard_normal((70, 3)).astype(np.float32)
+
+
+def _matmul(path: Path, batch: int | str, out_type: int = TensorProto.FLOAT) -> Path:
+    """x [batch, 3] @ W -> y [batch, 2], optionally cast to `out_type`."""
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm" if out_type != TensorProto.FLOAT else "y"])]
+    if out_type != TensorProto.FLOAT:
+        nodes.append(helper.make_node("Cast", ["mm"], ["y"], to=out_type))
+    graph = helper.make_graph(
+        nodes, "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3])],
+        [helper.make_tensor_value_info("y", out_type, [batch, 2])],
+        initializer=[numpy_helper.from_array(WEIGHTS, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def _full_run(path: Path, rows: np.ndarray) -> np.ndarray:
+    return onnx_io.session(path).run(["y"], {"x": rows})[0]
+
+
+def test_batches_equal_one_full_batch_run(tmp_path: Path) -> None:
+    path = _matmul(tmp_path / "dyn.onnx", "batch")
+    got = predict(path, {"x": ROWS}, batch_size=32)  # 32 + 32 + a partial 6
+    assert set(got) == {"y"} and got["y"].shape == (70, 2)
+    np.testing.assert_array_equal(got["y"], _full_run(path, ROWS))
+
+
+def test_fixed_batch_model_evaluates_the_partial_last_chunk(tmp_path: Path) -> None:
+    dynamic = _matmul(tmp_path / "dyn.onnx", "batch")
+    fixed = _matmul(tmp_path / "fixed.onnx", 4)
+    rows = ROWS[:10]  # 4 + 4 + 2 padded to 4
+    got = predict(fixed, {"x": rows}, batch_size=32)  # the fixed dim wins over the requested size
+    assert got["y"].shape == (10, 2)
+    np.testing.assert_array_equal(got["y"], _full_run(dynamic, rows))
+
+
+def test_extra_feature_columns_are_ignored(tmp_path: Path) -> None:
+    path = _matmul(tmp_path / "dyn.onnx", "batch")
+    got = predict(path, {"x": ROWS, "unused": np.arange(70)}, batch_size=16)
+    np.testing.assert_array_equal(got["y"], _full_run(path, ROWS))
+
+
+def test_float16_outputs_come_back_as_float32(tmp_path: Path) -> None:
+    path = _matmul(tmp_path / "half.onnx", "batch", TensorProto.FLOAT16)
+    got = predict(path, {"x": ROWS}, batch_size=32)
+    assert got["y"].dtype == np.float32
+    np.testing.assert_allclose(got["y"], ROWS @ WEIGHTS, rtol=1e-2, atol=1e-2)
+
+
+def test_data_that_does_not_fit_the_model_is_reported(tmp_path: Path) -> None:
+    from pipeline.errors import OptionError
+
+    path = _matmul(tmp_path / "dyn.onnx", "batch")
+    with pytest.raises(OptionError, match="model wants"):
+        predict(path, {"x": np.zeros((5, 4), np.float32)}, batch_size=2)

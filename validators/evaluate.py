@@ -1,0 +1,53 @@
+"""Run a model over a whole evaluation set: the outputs every accuracy and fidelity gate reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from pipeline.onnx_io import dims, fit_batch, load_structure, session
+
+
+def predict(path: Path, features: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
+    """Every output of the model at `path` over every row of `features`, run on CPU in batches.
+
+    A model with a fixed batch dim (a fixed-shape candidate) runs in chunks of exactly that
+    size; its last partial chunk is padded with copies of the last row and the padded rows'
+    outputs are dropped, so every candidate is scored on the same rows as the baseline.
+    Float16 outputs come back as float32 so metrics compare like with like.
+    """
+    model = load_structure(path)
+    sess = session(path)
+    names = [o.name for o in sess.get_outputs()]
+    fixed = _fixed_batch(model)
+    step = fixed or batch_size
+    rows = len(next(iter(features.values())))
+    if rows == 0:
+        raise ValueError("no rows to evaluate")
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    for start in range(0, rows, step):
+        chunk = {k: v[start : start + step] for k, v in features.items()}
+        real = min(step, rows - start)
+        if fixed and real < fixed:
+            chunk = {k: _pad(v, fixed) for k, v in chunk.items()}
+        for name, out in zip(names, sess.run(names, fit_batch(model, chunk))):
+            parts[name].append(out[:real])
+    return {name: _widen(np.concatenate(chunks)) for name, chunks in parts.items()}
+
+
+def _fixed_batch(model: onnx.ModelProto) -> int | None:
+    """The fixed leading dim of the model's inputs, or None when it is symbolic (any batch runs)."""
+    sizes = [shape[0] for shape in dims(model).values() if shape and isinstance(shape[0], int) and shape[0] > 0]
+    return min(sizes) if sizes else None
+
+
+def _pad(array: np.ndarray, size: int) -> np.ndarray:
+    """Repeat the last row: real values stay in range (token ids, masks), unlike zeros."""
+    return np.concatenate([array, np.repeat(array[-1:], size - len(array), axis=0)])
+
+
+def _widen(array: np.ndarray) -> np.ndarray:
+    return array.astype(np.float32) if array.dtype == np.float16 else array
+

@@ -1,0 +1,225 @@
+"""Validate candidates against the FP32 baseline: accuracy, fidelity and throughput gates, then selection.
+
+Input problems (a metric that does not fit the outputs, a batch size a fixed-shape model cannot
+take, a missing provider) are raised before anything slow runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibration.sources import Dataset
+from pipeline import onnx_io
+from pipeline.errors import RecipeError
+from pipeline.recipe import ValidateSpec
+from validators import metrics
+from validators.evaluate import predict
+from validators.fidelity import OutputComparison, compare
+from validators.gates import Gate, Verdict, at_least, at_most, select
+from validators.throughput import Measurement, batch_of, measure, session_for
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What is validated: the recipe's gates, its data, and the models the run produced."""
+
+    recipe_name: str
+    recipe_file: str
+    base: Path
+    spec: ValidateSpec
+    rule: str
+    evaluation: Dataset
+    eval_batch_size: int
+    calibration: Dataset | None
+    outputs: list[str]
+    baseline: Path
+    candidates: dict[str, Path | str]  # the built model, or the reason its build failed
+
+
+@dataclass
+class CandidateResult:
+    verdict: Verdict
+    metric: float | None = None
+    drop: float | None = None
+    fidelity: list[OutputComparison] = field(default_factory=list)
+    throughput: list[Measurement] = field(default_factory=list)
+
+
+@dataclass
+class Validation:
+    subject: Subject
+    metric_name: str | None
+    baseline_metric: float | None
+    allowed_drop: float | None
+    baseline_throughput: list[Measurement]
+    candidates: list[CandidateResult]
+    selected: str | None
+
+    @property
+    def passed(self) -> bool:
+        return self.selected is not None
+
+
+Progress = Callable[[str], None]
+
+
+def validate(subject: Subject, progress: Progress = lambda _: None) -> Validation:
+    spec = subject.spec
+    built = {name: path for name, path in subject.candidates.items() if isinstance(path, Path)}
+    sample = {k: v[: max(spec.throughput.batch_sizes) if spec.throughput else 1] for k, v in subject.evaluation.features.items()}
+    if spec.throughput:
+        _precheck_throughput(subject, built, sample)
+
+    progress("baseline › evaluate")
+    base_out = predict(subject.baseline, subject.evaluation.features, subject.eval_batch_size)
+    metric, base_value, allowed, train = None, None, None, None
+    if spec.accuracy:
+        metric = metrics.resolve(spec.accuracy, subject.base, subject.recipe_file)
+        output = spec.accuracy.output or subject.outputs[0]
+        if output not in base_out:
+            raise RecipeError(subject.recipe_file, "validate.accuracy.output",
+                              f"no output named '{output}'; outputs: {', '.join(base_out)}")
+        reason = metric.fits(base_out[output], subject.evaluation.labels)
+        if reason:
+            raise RecipeError(subject.recipe_file, "validate.accuracy.metric", reason)
+        if metric.needs_training:
+            train = _training(subject, output)
+        base_value = metric.score(_metric_data(base_out[output], base_out[output], subject, train))
+        allowed = metrics.allowed_drop(spec.accuracy.max_drop, base_value)
+
+    base_speed = _bench(subject, "baseline", subject.baseline, sample, progress)
+    results = []
+    for name, path in subject.candidates.items():
+        result = CandidateResult(Verdict(name))
+        results.append(result)
+        if not isinstance(path, Path):
+            result.verdict.gates.append(Gate("build", False, None, None, path))
+            continue
+        result.verdict.bytes = path.stat().st_size
+        result.verdict.gates.append(Gate("build", True, None, None, "built"))
+        progress(f"{name} › evaluate")
+        out = predict(path, subject.evaluation.features, subject.eval_batch_size)
+        if metric is not None and spec.accuracy is not None:
+            output = spec.accuracy.output or subject.outputs[0]
+            result.metric = metric.score(_metric_data(out[output], base_out[output], subject, train))
+            result.drop = metrics.drop(metric, base_value, result.metric)
+            result.verdict.gates.append(at_most("accuracy", result.drop, allowed, f"{metric.name} drop"))
+        result.fidelity = [compare(o, base_out[o], out[o], atol=0.0, rtol=0.0) for o in base_out]
+        result.verdict.gates += _fidelity_gates(result.fidelity, spec)
+        result.throughput = _bench(subject, name, path, sample, progress)
+        result.verdict.gates += _speed_gates(result.throughput, base_speed, spec)
+        result.verdict.speed = _rank_speed(result.throughput, spec)
+    selected = select([r.verdict for r in results], subject.rule)
+    return Validation(subject, metric.name if metric else None, base_value, allowed, base_speed, results, selected)
+
+
+def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[str, np.ndarray]) -> None:
+    spec = subject.spec.throughput
+    for provider in spec.providers:
+        session_for(subject.baseline, provider)  # EnvironmentProblem (exit 3) when it is not really there
+    for name, path in {"baseline": subject.baseline, **built}.items():
+        structure = onnx_io.load_structure(path)
+        for index, size in enumerate(spec.batch_sizes):
+            try:
+                batch_of(structure, sample, size)
+            except ValueError as exc:
+                raise RecipeError(subject.recipe_file, f"validate.throughput.batch_sizes[{index}]", f"{name}: {exc}") from None
+
+
+def _training(subject: Subject, output: str) -> tuple[np.ndarray, np.ndarray]:
+    data = subject.calibration
+    if data is None or data.labels is None:
+        raise RecipeError(subject.recipe_file, "validate.accuracy.metric",
+                          "metric probe trains on the baseline's outputs of the calibration set: "
+                          "add data.calibration with a label column")
+    return predict(subject.baseline, data.features, subject.eval_batch_size)[output], data.labels
+
+
+def _metric_data(outputs: np.ndarray, baseline: np.ndarray, subject: Subject, train: tuple | None) -> metrics.MetricData:
+    return metrics.MetricData(outputs, subject.evaluation.labels, baseline,
+                              train[0] if train else None, train[1] if train else None)
+
+
+def _fidelity_gates(comparisons: list[OutputComparison], spec: ValidateSpec) -> list[Gate]:
+    gates = []
+    for c in comparisons:
+        gates.append(Gate(f"fidelity.{c.name}.finite", c.nonfinite == 0, float(c.nonfinite), 0.0,
+                          f"{c.nonfinite} NaN/Inf values" if c.nonfinite else "all values finite"))
+        if spec.fidelity and spec.fidelity.cosine_min is not None:
+            gates.append(at_least(f"fidelity.{c.name}.cosine", c.cosine, spec.fidelity.cosine_min, "cosine to baseline"))
+        if spec.fidelity and spec.fidelity.atol is not None:
+            gates.append(at_most(f"fidelity.{c.name}.max_abs", c.max_abs, spec.fidelity.atol, "max abs error"))
+    return gates
+
+
+def _bench(subject: Subject, name: str, path: Path, sample: dict[str, np.ndarray], progress: Progress) -> list[Measurement]:
+    spec = subject.spec.throughput
+    if spec is None:
+        return []
+    out = []
+    for provider in spec.providers:
+        for size in spec.batch_sizes:
+            progress(f"{name} › throughput {provider} batch {size}")
+            out.append(measure(path, sample, size, provider, spec.duration_s, spec.warmup_s))
+    return out
+
+
+def _speed_gates(mine: list[Measurement], base: list[Measurement], spec: ValidateSpec) -> list[Gate]:
+    if spec.throughput is None or spec.throughput.min_speedup is None:
+        return []
+    reference = {(m.provider, m.batch_size): m.samples_per_s for m in base}
+    return [
+        at_least(f"throughput.{m.provider}.b{m.batch_size}", m.samples_per_s / reference[(m.provider, m.batch_size)],
+                 spec.throughput.min_speedup, f"speedup over baseline at batch {m.batch_size} on {m.provider}")
+        for m in mine
+    ]
+
+
+def _rank_speed(mine: list[Measurement], spec: ValidateSpec) -> float | None:
+    """The ranking figure: samples/s at the largest batch size on the first provider."""
+    if not mine or spec.throughput is None:
+        return None
+    key = (spec.throughput.providers[0], max(spec.throughput.batch_sizes))
+    return next(m.samples_per_s for m in mine if (m.provider, m.batch_size) == key)
+
+
+def speedups(validation: Validation) -> dict[str, dict[str, float]]:
+    """candidate -> "provider/bN" -> speedup over the baseline, for reports and plots."""
+    reference = {(m.provider, m.batch_size): m.samples_per_s for m in validation.baseline_throughput}
+    return {c.verdict.name: {f"{m.provider}/b{m.batch_size}": m.samples_per_s / reference[(m.provider, m.batch_size)]
+                             for m in c.throughput} for c in validation.candidates}
+
+
+def as_report(validation: Validation) -> dict[str, Any]:
+    """The report.json contract (schema: validators/report.schema.json)."""
+    subject = validation.subject
+    ups = speedups(validation)
+    return {
+        "schema_version": 1,
+        "recipe": subject.recipe_name,
+        "metric": validation.metric_name,
+        "baseline": {"metric": validation.baseline_metric,
+                     "throughput": [m.as_dict() for m in validation.baseline_throughput]},
+        "allowed_drop": validation.allowed_drop,
+        "candidates": {
+            c.verdict.name: {
+                "passed": c.verdict.passed,
+                "bytes": c.verdict.bytes,
+                "metric": c.metric,
+                "drop": c.drop,
+                "gates": [g.as_dict() for g in c.verdict.gates],
+                "fidelity": [f.as_dict() for f in c.fidelity],
+                "throughput": [{**m.as_dict(), "speedup": ups[c.verdict.name][f"{m.provider}/b{m.batch_size}"]}
+                               for m in c.throughput],
+            }
+            for c in validation.candidates
+        },
+        "select": subject.rule,
+        "selected": validation.selected,
+        "passed": validation.passed,
+    }

@@ -51,9 +51,17 @@ class _Display:
             self.progress.remove_task(self.task)
         self.task = self.progress.add_task(f"{chain} › {step}", total=None)
 
+    def note(self, text: str) -> None:
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.task = self.progress.add_task(text, total=None)
+
     def finished(self, chain: str, record: ModelRecord) -> None:
         note = "cached" if record.cached else f"{record.seconds:.1f}s"
         self.progress.console.print(f"  [green]✓[/] {chain} › {record.step}  [dim]{note}[/]")
+
+
+RequireOpt = Annotated[Optional[list[str]], typer.Option("--require", help="exit 1 unless this candidate passed every gate (repeatable)")]
 
 
 @app.command()
@@ -62,29 +70,69 @@ def run(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="output folder (default: out/<recipe name>)")] = None,
     cache_dir: CacheOpt = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="rebuild every step (results still refresh the cache)")] = False,
+    require: RequireOpt = None,
 ) -> None:
-    """Build the baseline and every candidate; write models and manifest.json to the output folder."""
+    """Build the baseline and every candidate, validate them against the recipe's gates, write the output folder."""
+    from pipeline.gating import from_run
     from pipeline.outputs import OutputFolder
+    from validators import report
+    from validators.validation import as_report, validate
 
     loaded = load_recipe(recipe)
+    _known_candidates(loaded.recipe, loaded.file, require)
     folder = OutputFolder(output or Path("out") / loaded.recipe.name)
     runner = Runner(loaded, StepCache(cache_dir or default_root(), enabled=not no_cache))
     begin = time.perf_counter()
+    verdict = None
     try:
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True) as progress:
-            runner.observer = _Display(progress)
+        with _progress() as progress:
+            runner.observer = display = _Display(progress)
             result = runner.run()
-        target = folder.commit(loaded, result)
+            if loaded.recipe.validation is not None:
+                verdict = as_report(validate(from_run(runner, result), display.note))
+        target = folder.commit(loaded, result, (lambda d: report.write(verdict, d)) if verdict else None)
     finally:
         folder.discard()
         runner.close()
     out.print(_summary(result))
+    for c in result.candidates:
+        if c.error:
+            err.print(Text.assemble(("error: ", "red"), f"candidate {c.name}: {c.error}"), soft_wrap=True)
+    if verdict is None:
+        out.print(f"wrote {_shown(target)} in {time.perf_counter() - begin:.1f}s (no validate section: nothing gated)")
+        passed = {c.name for c in result.candidates if not c.error}
+        raise typer.Exit(0 if passed and passed >= set(require or ()) and len(passed) == len(result.candidates) else 1)
     out.print(f"wrote {_shown(target)} in {time.perf_counter() - begin:.1f}s")
-    failed = [c for c in result.candidates if c.error]
-    for c in failed:
-        err.print(Text.assemble(("error: ", "red"), f"candidate {c.name}: {c.error}"), soft_wrap=True)
-    if failed:
-        raise typer.Exit(1)
+    raise typer.Exit(_gate_exit(verdict, require))
+
+
+@app.command("validate")
+def validate_cmd(
+    recipe: RecipeArg,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="folder an earlier `temper run` wrote (default: out/<recipe name>)")] = None,
+    cache_dir: CacheOpt = None,
+    require: RequireOpt = None,
+) -> None:
+    """Re-run validation on an existing output folder (e.g. with new budgets) without rebuilding anything."""
+    from pipeline.errors import RecipeError
+    from pipeline.gating import from_folder
+    from validators import report
+    from validators.validation import as_report, validate
+
+    loaded = load_recipe(recipe)
+    if loaded.recipe.validation is None:
+        raise RecipeError(loaded.file, "validate", "this recipe has no validate section: nothing to check")
+    _known_candidates(loaded.recipe, loaded.file, require)
+    folder = (output or Path("out") / loaded.recipe.name).resolve()
+    runner = Runner(loaded, StepCache(cache_dir or default_root()))
+    try:
+        subject = from_folder(runner, folder)
+        with _progress() as progress:
+            verdict = as_report(validate(subject, _Display(progress).note))
+    finally:
+        runner.close()
+    report.write(verdict, folder)
+    raise typer.Exit(_gate_exit(verdict, require))
 
 
 @app.command()
@@ -106,6 +154,128 @@ def check(recipe: RecipeArg, cache_dir: CacheOpt = None) -> None:
 def schema() -> None:
     """Print the recipe JSON Schema (for editor completion and validation)."""
     print(json.dumps(Recipe.model_json_schema(), indent=2))
+
+
+def _progress() -> Progress:
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True)
+
+
+def _known_candidates(recipe: Recipe, file: str, names: list[str] | None) -> None:
+    from pipeline.errors import RecipeError
+
+    for name in names or ():
+        if name not in recipe.candidates:
+            raise RecipeError(file, "--require", f"no candidate named '{name}'; candidates: {', '.join(recipe.candidates)}")
+
+
+def _gate_exit(verdict: dict, require: list[str] | None) -> int:
+    """Print the gate table and the verdict; 0 when a candidate was selected (and every required one passed)."""
+    out.print(_gate_table(verdict))
+    missed = [name for name in require or () if not verdict["candidates"][name]["passed"]]
+    if verdict["selected"]:
+        out.print(Text.assemble(("selected: ", "green"), verdict["selected"]))
+    else:
+        err.print(Text.assemble(("gates failed: ", "red"), "no candidate passed every gate; nothing can be selected"))
+    for name in missed:
+        err.print(Text.assemble(("gates failed: ", "red"), f"required candidate {name} did not pass"))
+    return 0 if verdict["selected"] and not missed else 1
+
+
+def _gate_table(verdict: dict) -> Table:
+    table = Table(title="gates", title_justify="left")
+    metric = verdict["metric"]
+    for col in ("candidate", "verdict", metric or "metric", "drop", "speedup", "failed gates"):
+        table.add_column(col, no_wrap=col != "failed gates")
+    for name, c in verdict["candidates"].items():
+        speed = max(c["throughput"], key=lambda m: m["batch_size"])["speedup"] if c["throughput"] else None
+        table.add_row(
+            name, "[green]pass[/]" if c["passed"] else "[red]FAIL[/]",
+            f"{c['metric']:.4f}" if c["metric"] is not None else "-",
+            f"{c['drop']:+.4f}" if c["drop"] is not None else "-",
+            f"{speed:.2f}x" if speed is not None else "-",
+            Text("\n".join(g["name"] for g in c["gates"] if not g["passed"]) or "-"),
+        )
+    if metric:
+        table.caption = (f"baseline {metric} {verdict['baseline']['metric']:.4f}, allowed drop "
+                         f"{verdict['allowed_drop']:.4f}; speedup at the largest batch size; details in report.md")
+    return table
+
+
+@app.command()
+def bench(
+    model: Annotated[Path, typer.Argument(help="ONNX model file", show_default=False)],
+    batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="comma-separated, e.g. 1,8,32")] = "1,8,32",
+    provider: Annotated[str, typer.Option("--provider", help="cpu, cuda or tensorrt")] = "cpu",
+    duration: Annotated[float, typer.Option("--duration", help="timed seconds per batch size")] = 3.0,
+    warmup: Annotated[float, typer.Option("--warmup", help="warm-up seconds per batch size")] = 0.5,
+    dim: Annotated[Optional[list[str]], typer.Option("--dim", help="NAME=SIZE for a symbolic dim other than the batch dim (repeatable)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of measurements on stdout")] = False,
+) -> None:
+    """Measure samples/s and latency percentiles of one model at each batch size, on random inputs.
+
+    Integer inputs get random values in [0, 100): benchmark token-id models on real data via `temper run`.
+    """
+    import onnx
+
+    from pipeline.errors import OptionError, RecipeError, first_line
+    from pipeline.onnx_io import load_structure
+    from validators.throughput import PROVIDERS, batch_of, measure, random_inputs
+
+    file = str(model)
+    try:
+        sizes = [int(s) for s in batch_sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise RecipeError(file, "--batch-sizes", f"expected positive integers separated by commas, got '{batch_sizes}'")
+    if provider not in PROVIDERS:
+        raise RecipeError(file, "--provider", f"'{provider}' is not one of {', '.join(PROVIDERS)}")
+    if duration <= 0:
+        raise RecipeError(file, "--duration", f"must be more than 0 seconds, got {duration}")
+    if warmup < 0:
+        raise RecipeError(file, "--warmup", f"must be 0 seconds or more, got {warmup}")
+    given: dict[str, int] = {}
+    for item in dim or []:
+        name, _, value = item.partition("=")
+        if not name or not value.isdigit() or int(value) < 1:
+            raise RecipeError(file, "--dim", f"expected NAME=SIZE with SIZE a positive integer, got '{item}'")
+        given[name] = int(value)
+    if not model.is_file():
+        raise RecipeError(file, "MODEL", "file not found")
+    try:
+        onnx.checker.check_model(file)
+        structure = load_structure(model)
+    except Exception as exc:
+        raise RecipeError(file, "MODEL", f"not a valid ONNX model: {first_line(exc)}") from None
+    try:
+        sample = random_inputs(structure, max(sizes), given)
+        for size in sizes:  # every size is checked before any time goes into measuring
+            batch_of(structure, sample, size)
+    except OptionError as exc:
+        raise RecipeError(file, exc.key, exc.message) from None
+    except ValueError as exc:
+        raise RecipeError(file, "--batch-sizes", str(exc)) from None
+
+    results = []
+    for size in sizes:
+        try:
+            with err.status(f"batch size {size} on {provider}"):
+                results.append(measure(model, sample, size, provider, duration, warmup))
+        except TemperError:
+            raise
+        except Exception as exc:  # onnxruntime's error classes share no base; --debug keeps the cause
+            raise RecipeError(file, "MODEL", f"onnxruntime cannot run it at batch size {size}: {first_line(exc)}") from exc
+    if as_json:
+        print(json.dumps([m.as_dict() for m in results], indent=2))
+        return
+    table = Table(title=f"temper bench: {model.name} on {provider}", title_justify="left")
+    for col in ("batch", "samples/s", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "peak RSS MB"):
+        table.add_column(col, justify="right")
+    for m in results:
+        quantiles = (f"{m.latency_ms[p]:.4g}" for p in ("p50", "p90", "p95", "p99"))
+        table.add_row(str(m.batch_size), f"{m.samples_per_s:,.1f}", *quantiles, f"{m.peak_rss_mb:,.0f}")
+    table.caption = "peak RSS: the whole process, not the model alone"
+    out.print(table)
 
 
 def _summary(result: RunResult) -> Table:

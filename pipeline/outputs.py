@@ -7,15 +7,22 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.cache import MODEL_FILE
+from pipeline.cache import MODEL_FILE, key_of
 from pipeline.errors import RecipeError
 from pipeline.loading import LoadedRecipe
+from pipeline.recipe import Recipe
 from pipeline.runner import ModelRecord, RunResult, library_versions
 
 MANIFEST = "manifest.json"
+
+
+def build_fingerprint(recipe: Recipe) -> str:
+    """Hash of everything that shapes the models (not the gates): `temper validate` re-gates only matching builds."""
+    return key_of(**recipe.model_dump(mode="json", by_alias=True, exclude={"validation", "select"}))
 
 
 class OutputFolder:
@@ -36,12 +43,15 @@ class OutputFolder:
     def discard(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
 
-    def commit(self, loaded: LoadedRecipe, result: RunResult) -> Path:
-        """Copy each final model into the staging folder, write the manifest, then swap it into place."""
+    def commit(self, loaded: LoadedRecipe, result: RunResult, reports: Callable[[Path], object] | None = None) -> Path:
+        """Copy each final model into the staging folder, write the manifest (and `reports` into the
+        folder, when given), then swap it into place."""
         _copy_model(result.baseline[-1], self.staging / "baseline")
         for outcome in result.candidates:
             if outcome.model is not None:
                 _copy_model(outcome.model, self.staging / outcome.name)
+        if reports is not None:
+            reports(self.staging)
         (self.staging / MANIFEST).write_text(json.dumps(manifest(loaded, result), indent=2) + "\n")
         old = None
         if self.target.exists():
@@ -68,6 +78,7 @@ def manifest(loaded: LoadedRecipe, result: RunResult) -> dict[str, Any]:
     return {
         "recipe": {"name": loaded.recipe.name, "file": loaded.file, "sha256": loaded.sha256,
                    "resolved": loaded.recipe.model_dump(mode="json", by_alias=True)},
+        "build_sha256": build_fingerprint(loaded.recipe),
         "versions": library_versions(),
         "baseline": {"model": result.baseline[-1].id, "path": f"baseline/{MODEL_FILE}"},
         "candidates": {

@@ -238,6 +238,9 @@ class AccuracyGate(Strict):
             raise ValueError(f"higher_is_better is fixed for the built-in metric {self.metric}; remove it")
         if "k" in self.model_fields_set and self.metric != "topk":
             raise ValueError("k applies to metric: topk only")
+        if isinstance(self.max_drop, str) and self.metric in ("mse", "cosine"):
+            raise ValueError(f"a relative max_drop makes no sense for {self.metric}: the baseline scores "
+                             f"{'0' if self.metric == 'mse' else '1'} against itself; give an absolute number")
         return self
 
 
@@ -255,7 +258,18 @@ class ThroughputSpec(Strict):
     providers: list[Literal["cpu", "cuda", "tensorrt"]] = Field(default_factory=lambda: ["cpu"], min_length=1)
     duration_s: float = Field(3.0, gt=0, description="timed seconds per model, batch size and provider")
     warmup_s: float = Field(0.5, ge=0)
-    min_speedup: float | None = Field(None, gt=0, description="candidate samples/s over baseline samples/s, at every batch size")
+    min_speedup: float | None = Field(None, gt=0, description="candidate samples/s over baseline samples/s")
+    speedup_at: list[PositiveInt] | None = Field(
+        None, description="batch sizes the min_speedup gate applies to (default: every measured one)")
+
+    @model_validator(mode="after")
+    def _gated_sizes(self) -> ThroughputSpec:
+        stray = [b for b in self.speedup_at or () if b not in self.batch_sizes]
+        if stray:
+            raise ValueError(f"speedup_at {stray[0]} is not one of the measured batch_sizes {self.batch_sizes}")
+        if self.speedup_at is not None and self.min_speedup is None:
+            raise ValueError("speedup_at needs min_speedup")
+        return self
 
 
 class ValidateSpec(Strict):

@@ -8,7 +8,6 @@ for embedding models that have no class scores.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import numbers
 import re
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.callables import call_user, load_callable
-from pipeline.errors import EnvironmentProblem, RecipeError
+from pipeline.errors import RecipeError
 from pipeline.recipe import AccuracyGate
 
 KEY = "validate.accuracy.metric"
@@ -62,9 +61,6 @@ class Metric:
 def resolve(spec: AccuracyGate, base: Path, recipe_file: str) -> Metric:
     """The metric a recipe's accuracy gate names: a built-in, or a user's file.py:function."""
     name = spec.metric
-    if name in ("f1", "probe") and importlib.util.find_spec("sklearn") is None:
-        # Found now, not after every candidate has been built.
-        raise EnvironmentProblem(f"metric {name} needs scikit-learn: pip install scikit-learn")
     if name == "top1":
         return Metric(name, True, True, False, _class_scores(name, 1), _top1)
     if name == "topk":

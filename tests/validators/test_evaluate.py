@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline import onnx_io
+from pipeline.errors import OptionError
 from validators.evaluate import predict
 
 WEIGHTS = np.random.default_rng(0).standard_normal((3, 2)).astype(np.float32)
@@ -67,8 +68,6 @@ def test_float16_outputs_come_back_as_float32(tmp_path: Path) -> None:
 
 
 def test_data_that_does_not_fit_the_model_is_reported(tmp_path: Path) -> None:
-    from pipeline.errors import OptionError
-
     path = _matmul(tmp_path / "dyn.onnx", "batch")
     with pytest.raises(OptionError, match="model wants"):
         predict(path, {"x": np.zeros((5, 4), np.float32)}, batch_size=2)

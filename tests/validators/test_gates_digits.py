@@ -1,0 +1,121 @@
+"""The CI gate on the real digits recipe: verdicts, selection, reports and exit codes."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+SCHEMA = json.loads((REPO / "validators" / "report.schema.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gate-cache")
+
+
+@pytest.fixture
+def digits(digits_dir: Path, shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TEMPER_CACHE_DIR", str(shared_cache))
+    recipe = digits_dir / "digits-cnn.yaml"
+    _edit(recipe, lambda d: d["validate"]["throughput"].update(duration_s=0.6, warmup_s=0.1))  # keep the suite quick
+    return recipe
+
+
+def _edit(recipe: Path, change) -> None:
+    data = yaml.safe_load(recipe.read_text())
+    change(data)
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def _report(out: Path) -> dict:
+    report = json.loads((out / "report.json").read_text())
+    jsonschema.validate(report, SCHEMA)
+    return report
+
+
+def _junit_failures(out: Path) -> set[tuple[str, str]]:
+    root = ET.parse(out / "junit.xml").getroot()
+    return {(case.get("classname"), case.get("name")) for case in root.iter("testcase") if case.find("failure") is not None}
+
+
+def test_sensible_budget_passes_and_selects_the_fastest_passing(temper, digits, tmp_path):
+    out = tmp_path / "out"
+    result = temper("run", digits, "--output", out)
+    assert result.code == 0, result.stderr
+    report = _report(out)
+    assert report["passed"] and report["metric"] == "top1"
+    assert report["baseline"]["metric"] > 0.95
+    # Dynamic INT8 on a conv net is several times slower than FP32 on CPU: its speed gate must fail.
+    dynamic = report["candidates"]["int8-dynamic"]
+    speed_gates = [g for g in dynamic["gates"] if g["name"].startswith("throughput.")]
+    assert speed_gates and not any(g["passed"] for g in speed_gates)
+    assert all(g["measured"] < 0.7 for g in speed_gates), speed_gates
+    # The selection is the fastest passing candidate by the report's own numbers.
+    passing = {n: c for n, c in report["candidates"].items() if c["passed"]}
+    fastest = max(passing, key=lambda n: max(passing[n]["throughput"], key=lambda m: m["batch_size"])["samples_per_s"])
+    assert report["selected"] == fastest
+    assert f"selected: {fastest}" in result.stdout
+    assert ("digits-cnn.int8-dynamic", "throughput.cpu.b32") in _junit_failures(out)
+    for name in ("report.md", "throughput.png", "tradeoff.png"):
+        assert (out / name).stat().st_size > 0
+    assert "int8-dynamic" in (out / "report.md").read_text()
+
+
+def test_impossible_budget_fails_every_candidate_with_exit_1(temper, digits, tmp_path):
+    _edit(digits, lambda d: d["validate"]["throughput"].update(min_speedup=50.0))
+    out = tmp_path / "out"
+    result = temper("run", digits, "--output", out)
+    assert result.code == 1
+    assert "no candidate passed every gate" in result.stderr
+    report = _report(out)
+    assert report["passed"] is False and report["selected"] is None
+    failures = _junit_failures(out)
+    for name in ("fp16", "int8-static", "int8-dynamic"):
+        assert (f"digits-cnn.{name}", "throughput.cpu.b32") in failures
+
+
+def test_a_damaged_candidate_is_caught_by_the_accuracy_gate(temper, digits, tmp_path):
+    # Calibrating on 0..255 byte images for a model fed 0..1 floats: a classic preprocessing
+    # mismatch. The ranges come out 255x too wide and INT8 resolution collapses.
+    (digits.parent / "raw.py").write_text("def unnormalised(cols):\n    return {'pixels': cols['pixels'] * 255.0}\n")
+    _edit(digits, lambda d: d["data"]["calibration"].update(preprocess="raw.py:unnormalised"))
+    _edit(digits, lambda d: d["candidates"]["int8-static"]["steps"][0]["quantize"].update(calibration="minmax", per_channel=False))
+    out = tmp_path / "out"
+    result = temper("run", digits, "--output", out, "--require", "int8-static")
+    assert result.code == 1
+    report = _report(out)
+    damaged = report["candidates"]["int8-static"]
+    accuracy = next(g for g in damaged["gates"] if g["name"] == "accuracy")
+    assert not accuracy["passed"] and damaged["drop"] > 0.01
+    assert "required candidate int8-static did not pass" in result.stderr
+    assert ("digits-cnn.int8-static", "accuracy") in _junit_failures(out)
+
+
+def test_validate_regates_an_existing_folder_without_rebuilding(temper, digits, tmp_path):
+    out = tmp_path / "out"
+    assert temper("run", digits, "--output", out).code == 0
+    manifest_before = (out / "manifest.json").read_bytes()
+    _edit(digits, lambda d: d["validate"]["accuracy"].update(max_drop=0.0, metric="cosine"))
+    result = temper("validate", digits, "--output", out)
+    report = _report(out)
+    assert report["metric"] == "cosine" and report["allowed_drop"] == 0.0
+    # INT8 embeddings are never bit-identical to FP32: a zero cosine budget fails them.
+    assert not report["candidates"]["int8-static"]["passed"]
+    assert result.code == (0 if report["selected"] else 1)
+    assert (out / "manifest.json").read_bytes() == manifest_before  # nothing rebuilt or rewritten
+
+    _edit(digits, lambda d: d["candidates"]["int8-static"]["steps"][0]["quantize"].update(per_channel=False))
+    refused = temper("validate", digits, "--output", out)
+    assert refused.code == 2 and "run `temper run` to rebuild" in refused.stderr
+
+
+def test_require_names_a_real_candidate(temper, digits, tmp_path):
+    result = temper("run", digits, "--output", tmp_path / "out", "--require", "int9")
+    assert result.code == 2 and "--require: no candidate named 'int9'" in result.stderr

@@ -1,0 +1,196 @@
+"""Throughput: warm-up, then timed calls for a fixed duration, on exactly the provider asked for.
+
+A provider that ONNX Runtime does not activate is an error, never a quiet CPU number. Inputs
+are built (and on a GPU, copied to it) once before the timed loop, so the loop times the model.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from pipeline.errors import EnvironmentProblem, OptionError
+from pipeline.onnx_io import dims, load_structure
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
+_INSTALL = {
+    "cuda": "install onnxruntime-gpu on a machine with an NVIDIA GPU",
+    "tensorrt": "install onnxruntime-gpu and TensorRT on a machine with an NVIDIA GPU",
+}
+_PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
+_PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    provider: str  # "cpu" | "cuda" | "tensorrt"
+    batch_size: int
+    runs: int  # timed inference calls
+    samples: int  # runs * batch_size: what the count claims
+    seconds: float  # timed wall time: the sum of the per-call latencies
+    samples_per_s: float
+    latency_ms: dict[str, float]  # p50, p90, p95, p99 of one call
+    peak_rss_mb: float  # MiB; the whole process's RSS (not this model's alone), highest value sampled
+    gpu_mem_mb: float | None  # None: ONNX Runtime's Python API exposes no device-arena statistics
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def session_for(path: Path, provider: str) -> ort.InferenceSession:
+    """A session whose graph runs on `provider`; onnxruntime-gpu falls back to CPU silently, so check."""
+    if provider not in PROVIDERS:
+        raise ValueError(f"unknown provider '{provider}'; choose from {', '.join(PROVIDERS)}")
+    wanted, available = PROVIDERS[provider], ort.get_available_providers()
+    if wanted not in available:
+        raise EnvironmentProblem(
+            f"provider '{provider}' ({wanted}) requested but this onnxruntime has only {', '.join(available)}: {_INSTALL[provider]}"
+        )
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.intra_op_num_threads = os.cpu_count() or 1
+    # CUDA after TensorRT keeps the nodes TensorRT does not take on the GPU rather than the CPU.
+    chain = [wanted, PROVIDERS["cuda"]] if provider == "tensorrt" and PROVIDERS["cuda"] in available else [wanted]
+    session = ort.InferenceSession(str(path), options, providers=chain)
+    if wanted not in session.get_providers():
+        raise EnvironmentProblem(
+            f"provider '{provider}' requested but onnxruntime did not activate {wanted} "
+            f"(the session has {', '.join(session.get_providers())}): check the CUDA/cuDNN/TensorRT "
+            "libraries this onnxruntime-gpu needs and that a GPU is visible"
+        )
+    return session
+
+
+def batch_of(model: onnx.ModelProto, sample: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
+    """One call's inputs: real rows from `sample`, repeated in order when it has fewer than `batch_size`."""
+    feed: dict[str, np.ndarray] = {}
+    for name, shape in dims(model).items():
+        if name not in sample:
+            raise ValueError(f"model input '{name}' is not in the sample (sample has {', '.join(sorted(sample))})")
+        rows = np.asarray(sample[name])
+        if not shape:  # a scalar input has no batch dim
+            feed[name] = rows
+            continue
+        lead = shape[0]
+        if isinstance(lead, int) and lead > 0 and lead != batch_size:
+            raise ValueError(
+                f"input '{name}' has its batch dim fixed to {lead}, so batch size {batch_size} cannot run; "
+                "export the model with a dynamic batch dim"
+            )
+        if len(rows) == 0:
+            raise ValueError(f"the sample for input '{name}' has no rows")
+        feed[name] = rows[np.arange(batch_size) % len(rows)]
+    return feed
+
+
+def random_inputs(model: onnx.ModelProto, rows: int, sizes: dict[str, int]) -> dict[str, np.ndarray]:
+    """Random inputs for a benchmark without data: `rows` along a free batch dim, `sizes` for symbolic dims.
+
+    Integer inputs get values in [0, 100): fine for speed, not for token-id models whose cost
+    depends on the ids (benchmark those on real data via `temper run`). Keys of `sizes` are dim
+    names, or `input[axis]` for an unnamed dim. Raises OptionError keyed by `--dim` or `MODEL`.
+    """
+    rng = np.random.default_rng(0)
+    types = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
+    shapes: dict[str, list[int]] = {}
+    missing: list[str] = []
+    for name, shape in dims(model).items():
+        shapes[name] = []
+        for axis, dim in enumerate(shape):
+            if isinstance(dim, int) and dim > 0:
+                shapes[name].append(dim)
+            elif axis == 0:
+                shapes[name].append(rows)
+            elif (key := dim if isinstance(dim, str) else f"{name}[{axis}]") in sizes:
+                shapes[name].append(sizes[key])
+            elif key not in missing:
+                missing.append(key)
+    if missing:
+        given = ", ".join(f"{k}={v}" for k, v in sizes.items()) or "none"
+        raise OptionError("--dim", f"symbolic dims need a size: {', '.join(missing)} (give --dim NAME=SIZE; given: {given})")
+    feed: dict[str, np.ndarray] = {}
+    for name, shape in shapes.items():
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(types[name]))
+        if dtype.kind == "f":
+            feed[name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype.kind in "iu":
+            feed[name] = rng.integers(0, 100, shape).astype(dtype)
+        elif dtype.kind == "b":
+            feed[name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            raise OptionError("MODEL", f"input '{name}' has type {dtype}, which random data cannot fill: use `temper run` with real data")
+    return feed
+
+
+def measure(
+    path: Path, sample: dict[str, np.ndarray], batch_size: int, provider: str, duration_s: float, warmup_s: float
+) -> Measurement:
+    """Warm up for `warmup_s` (at least one call), then time calls until `duration_s` has elapsed.
+
+    RSS is read during warm-up and after the timed loop, never inside it: reading /proc is a
+    syscall the loop would otherwise time. ORT's arenas keep what a call allocated, so steady
+    state is what the reads see.
+    """
+    feed = batch_of(load_structure(path), sample, batch_size)
+    session = session_for(path, provider)
+    call = _bound_call(session, feed, "cpu" if provider == "cpu" else "cuda")
+
+    peak = _rss_mb()
+    warm_until = time.perf_counter() + warmup_s
+    while True:
+        call()
+        peak = max(peak, _rss_mb())
+        if time.perf_counter() >= warm_until:
+            break
+
+    latencies: list[float] = []
+    start = now = time.perf_counter()
+    end = start + duration_s
+    while now < end:
+        call()
+        after = time.perf_counter()
+        latencies.append(after - now)
+        now = after
+    peak = max(peak, _rss_mb())
+
+    seconds, runs = now - start, len(latencies)
+    quantiles = np.percentile(np.array(latencies) * 1e3, _PERCENTILES)
+    return Measurement(
+        provider=provider,
+        batch_size=batch_size,
+        runs=runs,
+        samples=runs * batch_size,
+        seconds=seconds,
+        samples_per_s=runs * batch_size / seconds,
+        latency_ms={f"p{p}": float(q) for p, q in zip(_PERCENTILES, quantiles)},
+        peak_rss_mb=peak,
+        gpu_mem_mb=None,
+    )
+
+
+def _bound_call(session: ort.InferenceSession, feed: dict[str, np.ndarray], device: str) -> Callable[[], None]:
+    """One inference through IO binding: inputs placed on `device` once, outputs left there.
+
+    On "cuda" this keeps host/device copies out of the timed loop; Run still waits for the
+    CUDA stream at its end (ORT's default), so wall time covers the GPU work.
+    """
+    binding = session.io_binding()
+    for name, array in feed.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, 0))
+    for output in session.get_outputs():
+        binding.bind_output(output.name, device, 0)
+    binding.synchronize_inputs()
+    return lambda: session.run_with_iobinding(binding)
+
+
+def _rss_mb() -> float:
+    """Resident set size of this whole process, from /proc/self/statm (Linux)."""
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * _PAGE_MB

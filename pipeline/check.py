@@ -5,7 +5,6 @@ from __future__ import annotations
 from pipeline import onnx_io
 from pipeline.callables import load_callable
 from pipeline.errors import OptionError, RecipeError
-from pipeline.recipe import StepSpec
 from pipeline.runner import Runner
 from pipeline.steps import STEPS
 
@@ -25,7 +24,7 @@ def check(runner: Runner) -> list[str]:
     steps = [(f"steps[{i}]", s) for i, s in enumerate(recipe.steps)]
     for name, candidate in recipe.candidates.items():
         steps += [(f"candidates.{name}.steps[{i}]", s) for i, s in enumerate(candidate.steps)]
-    if any(STEPS[s.name].uses_calibration and _static(s) for _, s in steps):
+    if any(STEPS[s.name].uses_calibration(s.options) for _, s in steps):
         done.append(f"calibration: {len(runner.calibration_batches)} full batches")
     baseline = runner.baseline()[-1]
     done.append(f"baseline model builds ({baseline.bytes:,} bytes{', cached' if baseline.cached else ''})")
@@ -37,7 +36,3 @@ def check(runner: Runner) -> list[str]:
             raise RecipeError(loaded.file, f"{where}.{spec.name}.{exc.key}", exc.message) from None
     done.append(f"{len(steps) - len(recipe.steps)} candidate steps match the baseline graph")
     return done
-
-
-def _static(spec: StepSpec) -> bool:
-    return getattr(spec.options, "mode", None) == "static"

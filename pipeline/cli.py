@@ -61,6 +61,7 @@ class _Display:
         self.progress.console.print(f"  [green]✓[/] {chain} › {record.step}  [dim]{note}[/]")
 
 
+TrackingOpt = Annotated[Optional[str], typer.Option("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")]
 RequireOpt = Annotated[Optional[list[str]], typer.Option("--require", help="exit 1 unless this candidate passed every gate (repeatable)")]
 
 
@@ -71,9 +72,11 @@ def run(
     cache_dir: CacheOpt = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="rebuild every step (results still refresh the cache)")] = False,
     require: RequireOpt = None,
+    tracking_uri: TrackingOpt = None,
 ) -> None:
-    """Build the baseline and every candidate, validate them against the recipe's gates, write the output folder."""
-    from pipeline.gating import from_run
+    """Build the baseline and every candidate, validate them against the recipe's gates, write the output
+    folder, and publish the selected candidate when the recipe has a publish section and the gates hold."""
+    from pipeline.gating import from_run, precheck
     from pipeline.outputs import OutputFolder
     from validators import report
     from validators.validation import as_report, validate
@@ -85,6 +88,7 @@ def run(
     begin = time.perf_counter()
     verdict = None
     try:
+        precheck(runner)
         with _progress() as progress:
             runner.observer = display = _Display(progress)
             result = runner.run()
@@ -103,7 +107,57 @@ def run(
         passed = {c.name for c in result.candidates if not c.error}
         raise typer.Exit(0 if passed and passed >= set(require or ()) and len(passed) == len(result.candidates) else 1)
     out.print(f"wrote {_shown(target)} in {time.perf_counter() - begin:.1f}s")
-    raise typer.Exit(_gate_exit(verdict, require))
+    code = _gate_exit(verdict, require)
+    if loaded.recipe.publish is not None:
+        if code != 0:
+            err.print("nothing published: the gates did not hold")
+        else:
+            from pipeline.publishing import publish_selected
+
+            done = publish_selected(loaded, target, verdict, tracking_uri)
+            how = f"reused version {done.version} (same model and recipe)" if done.reused else f"registered version {done.version}"
+            out.print(Text.assemble(("published: ", "green"), f"{done.uri} -> {done.name} {how}"), soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def promote(
+    name: Annotated[str, typer.Argument(help="registered model name")],
+    version: Annotated[str, typer.Argument(help="version to point the alias at")],
+    alias: Annotated[str, typer.Option("--alias", help="alias to move, e.g. champion")],
+    tracking_uri: TrackingOpt = None,
+) -> None:
+    """Move an alias (e.g. champion) to a registered version."""
+    from artifacts.registry import connect, promote as move_alias
+    from pipeline.errors import RecipeError, first_line
+
+    try:
+        move_alias(connect(tracking_uri), name, version, alias)
+    except Exception as exc:
+        raise RecipeError(f"models:/{name}/{version}", "VERSION", first_line(exc)) from exc
+    out.print(f"models:/{name}@{alias} -> version {version}")
+
+
+@app.command()
+def pull(
+    uri: Annotated[str, typer.Argument(help="models:/NAME@ALIAS or models:/NAME/VERSION")],
+    dest: Annotated[Path, typer.Option("--dest", help="folder to write the serving bundle into")],
+    tracking_uri: TrackingOpt = None,
+) -> None:
+    """Download a registered version's serving bundle (model, runtime config, report) for deployment."""
+    from artifacts.registry import connect, fetch_bundle, resolve_version
+    from pipeline.errors import RecipeError, first_line
+
+    client = connect(tracking_uri)
+    try:
+        name, version = resolve_version(client, uri)
+        fetch_bundle(f"models:/{name}/{version}", dest)
+    except Exception as exc:
+        raise RecipeError(uri, "URI", first_line(exc)) from exc
+    tags = client.get_model_version(name, version).tags
+    out.print(f"pulled {name} version {version} ({tags.get('precision', '?')}, candidate {tags.get('candidate', '?')}) into {dest}:")
+    for item in sorted(dest.iterdir()):
+        out.print(f"  {item.name}  {item.stat().st_size:,} bytes")
 
 
 @app.command("validate")
@@ -154,6 +208,47 @@ def check(recipe: RecipeArg, cache_dir: CacheOpt = None) -> None:
 def schema() -> None:
     """Print the recipe JSON Schema (for editor completion and validation)."""
     print(json.dumps(Recipe.model_json_schema(), indent=2))
+
+
+@app.command()
+def serve(
+    model: Annotated[str, typer.Argument(help="serving bundle folder, or models:/NAME@ALIAS or models:/NAME/VERSION", show_default=False)],
+    host: Annotated[str, typer.Option("--host", help="address to bind; 0.0.0.0 exposes the server beyond this machine")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port")] = 8000,
+    max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="refuse larger request bodies with HTTP 413")] = 64.0,
+    tracking_uri: TrackingOpt = None,
+) -> None:
+    """Serve a bundle over the Open Inference Protocol (KServe v2 REST): dynamic batching, Prometheus /metrics."""
+    import tempfile
+
+    from artifacts.bundle import CONFIG, MODEL
+    from artifacts.runtime import Runtime
+    from artifacts.server import serve as run_server
+    from pipeline.errors import RecipeError, first_line
+
+    if max_body_mb <= 0:
+        raise RecipeError(model, "--max-body-mb", f"must be more than 0, got {max_body_mb}")
+    with tempfile.TemporaryDirectory(prefix="temper-serve-") as tmp:
+        if model.startswith("models:/"):
+            from artifacts.registry import connect, fetch_bundle, resolve_version
+
+            try:
+                name, version = resolve_version(connect(tracking_uri), model)
+                folder = fetch_bundle(f"models:/{name}/{version}", Path(tmp) / "bundle")
+            except Exception as exc:  # unknown name/alias/version, unreachable store, no bundle inside
+                raise RecipeError(model, "MODEL", first_line(exc)) from exc
+        else:
+            folder = Path(model)
+            if not (folder / CONFIG).is_file() or not (folder / MODEL).is_file():
+                raise RecipeError(model, "MODEL", f"neither a serving bundle folder ({MODEL} + {CONFIG}) nor a models:/NAME@ALIAS or models:/NAME/VERSION URI")
+        try:
+            runtime = Runtime(folder)
+        except Exception as exc:  # an invalid runtime.json, a model onnxruntime cannot load
+            raise RecipeError(model, "MODEL", f"cannot load the bundle: {first_line(exc)}") from exc
+        name = runtime.config.name
+        out.print(f"serving {name} ({runtime.engine}) at http://{host}:{port}/v2/models/{name} once warm "
+                  f"(GET /v2/health/ready answers 200); Ctrl-C stops", soft_wrap=True)
+        run_server(runtime, host, port, int(max_body_mb * 1024 * 1024))
 
 
 def _progress() -> Progress:
@@ -302,6 +397,7 @@ def _shown(path: Path) -> str:
 
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # recipes load local models; never reach for a hub
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # temper shows its own progress
     try:
         code = app(standalone_mode=False)  # returns the code of a typer.Exit raised by a command
     except TemperError as exc:

@@ -26,6 +26,23 @@ def subject(runner: Runner, baseline: Path, candidates: dict[str, Path | str]) -
     )
 
 
+def precheck(runner: Runner) -> None:
+    """What validation needs that can be checked before minutes of building: data and providers."""
+    from validators.throughput import require_available
+
+    spec = runner.recipe.validation
+    if spec is None:
+        return
+    if runner.evaluation_set is None:
+        raise RecipeError(runner.loaded.file, "data.evaluation", "validate needs an evaluation set: add data.evaluation")
+    if spec.accuracy and spec.accuracy.metric == "probe" and (runner.calibration_set is None or runner.calibration_set.labels is None):
+        raise RecipeError(runner.loaded.file, "validate.accuracy.metric",
+                          "metric probe trains on the baseline's outputs of the calibration set: "
+                          "add data.calibration with a label column")
+    for provider in spec.throughput.providers if spec.throughput else ():
+        require_available(provider)
+
+
 def from_run(runner: Runner, result: RunResult) -> Subject:
     return subject(runner, result.baseline[-1].path,
                    {c.name: c.model.path if c.model else c.error for c in result.candidates})

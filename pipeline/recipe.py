@@ -3,6 +3,7 @@ Python share a single definition. Every model forbids unknown keys."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -213,6 +214,8 @@ def _budget(value: Any) -> float | str:
         if not match:
             raise ValueError(f"{value!r} is not a budget: a relative budget is a percentage like '1%'")
         number = float(match.group(1))
+    if not math.isfinite(number):  # NaN fails every comparison (and is not JSON): every candidate would fail
+        raise ValueError(f"{value!r} is not a budget: use a finite number like 0.01 (absolute) or a string like '1%' (relative)")
     if number < 0:
         raise ValueError(f"{value!r} is negative: max_drop is how much worse than the baseline a candidate may be (>= 0)")
     return value if isinstance(value, str) else float(value)
@@ -256,8 +259,8 @@ class ThroughputSpec(Strict):
 
     batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
     providers: list[Literal["cpu", "cuda", "tensorrt"]] = Field(default_factory=lambda: ["cpu"], min_length=1)
-    duration_s: float = Field(3.0, gt=0, description="timed seconds per model, batch size and provider")
-    warmup_s: float = Field(0.5, ge=0)
+    duration_s: float = Field(3.0, gt=0, allow_inf_nan=False, description="timed seconds per model, batch size and provider")
+    warmup_s: float = Field(0.5, ge=0, allow_inf_nan=False)
     min_speedup: float | None = Field(None, gt=0, description="candidate samples/s over baseline samples/s")
     speedup_at: list[PositiveInt] | None = Field(
         None, description="batch sizes the min_speedup gate applies to (default: every measured one)")
@@ -278,6 +281,31 @@ class ValidateSpec(Strict):
     throughput: ThroughputSpec | None = None
 
 
+class MlflowTarget(Strict):
+    """Where a passing candidate is registered; the tracking URI comes from --tracking-uri,
+    MLFLOW_TRACKING_URI, or the embedded default sqlite:///mlflow.db."""
+
+    registered_model: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    alias: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")] = "candidate"
+    experiment: str = "temper"
+
+
+class ServingOptions(Strict):
+    """Dynamic batching limits the serving runtime applies (written to the bundle's runtime.json)."""
+
+    max_batch_size: PositiveInt = 16
+    max_delay_ms: float = Field(10.0, ge=0, description="wait this long to fill a batch, only while requests keep arriving")
+    max_queue: PositiveInt = 256
+    timeout_s: float = Field(30.0, gt=0)
+    pad: dict[str, int | float] = Field(
+        default_factory=dict, description="inputs padded along axis 1 to the longest in a batch, with this value")
+
+
+class PublishSpec(Strict):
+    mlflow: MlflowTarget
+    serving: ServingOptions = ServingOptions()
+
+
 class CandidateSpec(Strict):
     """A named candidate: its own steps, applied to the baseline (the output of the shared steps)."""
 
@@ -296,6 +324,7 @@ class Recipe(Strict):
     validation: ValidateSpec | None = Field(None, alias="validate", description="gates every candidate must hold")
     select: Literal["fastest-passing", "smallest-passing"] = Field(
         "fastest-passing", description="which passing candidate wins (ties: the smaller file)")
+    publish: PublishSpec | None = Field(None, description="register the selected candidate and its serving runtime in MLflow")
 
     @model_validator(mode="after")
     def _names(self) -> Recipe:
@@ -304,4 +333,10 @@ class Recipe(Strict):
         known = {i.name for i in self.model.inputs}
         if len(known) != len(self.model.inputs):
             raise ValueError("model.inputs: input names must be unique")
+        if self.publish is not None:
+            if self.validation is None:
+                raise ValueError("publish needs a validate section: only a candidate that passed its gates is published")
+            stray = [name for name in self.publish.serving.pad if name not in known]
+            if stray:
+                raise ValueError(f"publish.serving.pad: '{stray[0]}' is not a model input ({', '.join(sorted(known))})")
         return self

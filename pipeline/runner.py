@@ -228,7 +228,7 @@ class Runner:
             key_parts: dict[str, Any] = dict(step=spec.name, options=options.model_dump(mode="json"),
                                              input=parent.sha256, versions=self.versions,
                                              sample=self.sample_fingerprint)
-            if step.uses_calibration:
+            if step.uses_calibration(options):
                 key_parts["data"] = self.calibration_fingerprint
             key = key_of(**key_parts)
 

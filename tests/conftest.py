@@ -29,6 +29,14 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     return root
 
 
+@pytest.fixture(autouse=True)
+def tracking_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A private MLflow sqlite store per test: no test publishes into the working folder's mlflow.db."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
 @pytest.fixture
 def temper(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
     """Run the CLI entry point in-process (same code path as the console script) and capture it."""

@@ -82,7 +82,10 @@ def _throughput_plot(report: dict[str, Any], path: Path) -> Path:
             points = sorted((m["batch_size"], m["samples_per_s"]) for m in ms if m["provider"] == provider)
             if points:
                 ax.plot(*zip(*points), marker="o", label=name, linestyle="--" if name == "baseline" else "-")
+        sizes = sorted({m["batch_size"] for ms in series.values() for m in ms})
         ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="samples/s", title=f"{report['recipe']} on {provider}")
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.minorticks_off()
         ax.legend()
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()

@@ -44,8 +44,8 @@ class Measurement:
         return asdict(self)
 
 
-def session_for(path: Path, provider: str) -> ort.InferenceSession:
-    """A session whose graph runs on `provider`; onnxruntime-gpu falls back to CPU silently, so check."""
+def require_available(provider: str) -> None:
+    """Fail early (before any model is built) when this onnxruntime cannot offer `provider` at all."""
     if provider not in PROVIDERS:
         raise ValueError(f"unknown provider '{provider}'; choose from {', '.join(PROVIDERS)}")
     wanted, available = PROVIDERS[provider], ort.get_available_providers()
@@ -53,6 +53,12 @@ def session_for(path: Path, provider: str) -> ort.InferenceSession:
         raise EnvironmentProblem(
             f"provider '{provider}' ({wanted}) requested but this onnxruntime has only {', '.join(available)}: {_INSTALL[provider]}"
         )
+
+
+def session_for(path: Path, provider: str) -> ort.InferenceSession:
+    """A session whose graph runs on `provider`; onnxruntime-gpu falls back to CPU silently, so check."""
+    require_available(provider)
+    wanted, available = PROVIDERS[provider], ort.get_available_providers()
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.intra_op_num_threads = os.cpu_count() or 1

@@ -34,7 +34,10 @@ class Step(ABC, Generic[Options]):
     """A registered step. `validate` is cheap and runs before `run` (and in `temper check`)."""
 
     name: ClassVar[str]
-    uses_calibration: ClassVar[bool] = False  # the calibration data becomes part of the cache key
+
+    def uses_calibration(self, options: Options) -> bool:
+        """True when the output depends on the calibration data, which then joins the cache key."""
+        return False
 
     def validate(self, model: onnx.ModelProto, options: Options) -> None:
         """Raise OptionError(key, message) when an option names something the graph lacks."""

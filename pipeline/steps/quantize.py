@@ -26,7 +26,9 @@ class Quantize(Step[QuantizeOptions]):
     """INT8 quantization; static modes calibrate on the recipe's calibration set."""
 
     name: ClassVar[str] = "quantize"
-    uses_calibration: ClassVar[bool] = True
+
+    def uses_calibration(self, options: QuantizeOptions) -> bool:
+        return options.mode == "static"
 
     def validate(self, model: onnx.ModelProto, options: QuantizeOptions) -> None:
         nodes = [node.name for node in model.graph.node if node.name]

@@ -1,0 +1,87 @@
+"""The serving bundle: the one folder layout that publishing logs, `temper pull` downloads, the
+serving runtime loads and the Triton exporter reads. Imports nothing from pipeline/.
+
+    <bundle>/
+      model.onnx      the selected candidate
+      runtime.json    ServingConfig: tensors, batching limits, padding
+      report.json     the gate verdicts that let it ship (optional)
+      manifest.json   its lineage (optional)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Literal
+
+import onnx
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+MODEL = "model.onnx"
+CONFIG = "runtime.json"
+DTypeName = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
+
+
+class TensorSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    dtype: DTypeName
+    shape: list[int]  # -1 = dynamic; the first dim is the batch dim
+
+
+class ServingConfig(BaseModel):
+    """How to serve the bundle's model; written by publishing, read by every server."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    max_batch_size: PositiveInt = 16
+    max_delay_ms: float = Field(10.0, ge=0, description="wait this long to fill a batch, only while requests keep arriving")
+    max_queue: PositiveInt = 256
+    timeout_s: float = Field(30.0, gt=0, description="a request not answered by then fails")
+    pad: dict[str, int | float] = Field(
+        default_factory=dict,
+        description="inputs padded along axis 1 to the longest in a batch (token ids, attention mask) and the value to pad with",
+    )
+
+
+def tensor_specs(values: list[onnx.ValueInfoProto]) -> list[TensorSpec]:
+    """ONNX graph inputs/outputs as TensorSpecs (symbolic or unknown dims become -1)."""
+    specs = []
+    for value in values:
+        tensor = value.type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
+        shape = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
+        specs.append(TensorSpec(name=value.name, dtype=dtype, shape=shape))
+    return specs
+
+
+def config_for(model_path: Path, name: str, **serving: object) -> ServingConfig:
+    """A ServingConfig describing `model_path`'s real graph inputs and outputs."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    initializers = {i.name for i in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in initializers]
+    return ServingConfig(name=name, inputs=tensor_specs(inputs), outputs=tensor_specs(list(model.graph.output)), **serving)
+
+
+def write(dest: Path, model_path: Path, config: ServingConfig, extras: list[Path] = ()) -> Path:
+    """Assemble a bundle folder (model, external data beside it, runtime.json, extras)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in model_path.parent.iterdir():
+        if item.name == model_path.name or item.name.startswith(model_path.name + "."):
+            shutil.copy2(item, dest / item.name.replace(model_path.name, MODEL, 1))
+    (dest / CONFIG).write_text(config.model_dump_json(indent=2) + "\n")
+    for extra in extras:
+        shutil.copy2(extra, dest / extra.name)
+    return dest
+
+
+def read(folder: Path) -> ServingConfig:
+    path = folder / CONFIG
+    if not path.is_file() or not (folder / MODEL).is_file():
+        raise FileNotFoundError(f"{folder} is not a temper serving bundle (needs {MODEL} and {CONFIG})")
+    return ServingConfig.model_validate(json.loads(path.read_text()))

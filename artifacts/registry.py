@@ -1,0 +1,140 @@
+"""Publish a gated run to MLflow: one run with params, metrics and every artifact; the selected
+candidate's serving bundle as a pyfunc model; then, last, a registered version and its alias.
+
+Registering last means a failure or Ctrl-C part-way leaves a run but never a version that
+points at half-logged artifacts. The same model bytes from the same recipe reuse their version.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+DEFAULT_DB = "mlflow.db"
+DEFAULT_ARTIFACTS = "mlartifacts"
+PARAM_LIMIT = 6000  # MLflow's longest param value
+
+
+def tracking_uri(flag: str | None) -> str:
+    """--tracking-uri, else MLFLOW_TRACKING_URI, else an embedded sqlite store in the working folder."""
+    return flag or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(DEFAULT_DB).resolve()}"
+
+
+def connect(flag: str | None) -> MlflowClient:
+    uri = tracking_uri(flag)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return MlflowClient(uri, uri)
+
+
+@dataclass(frozen=True)
+class Published:
+    name: str
+    version: str
+    alias: str
+    run_id: str
+    reused: bool
+    uri: str
+
+
+def publish(
+    client: MlflowClient,
+    *,
+    experiment: str,
+    name: str,
+    alias: str,
+    params: dict[str, Any],
+    metrics: dict[str, float],
+    output_folder: Path,
+    bundle: Path,
+    tags: dict[str, str],
+) -> Published:
+    """Log the run, then register the bundle (or reuse the version holding the same model and recipe)."""
+    from artifacts.pyfunc import log_bundle
+
+    experiment_id = _experiment(client, experiment)
+    with mlflow.start_run(experiment_id=experiment_id, run_name=name) as run:
+        mlflow.log_params({_key(k): _value(v) for k, v in params.items()})
+        mlflow.log_metrics({_key(k): float(v) for k, v in metrics.items()})
+        mlflow.set_tags({f"temper.{k}": v for k, v in tags.items()})
+        mlflow.log_artifacts(str(output_folder), artifact_path="output")
+        info = log_bundle(bundle, name="model")
+    existing = _same_version(client, name, tags["model_sha256"], tags["recipe_sha256"])
+    if existing is not None:
+        client.set_registered_model_alias(name, alias, existing)
+        return Published(name, existing, alias, run.info.run_id, True, f"models:/{name}@{alias}")
+    version = mlflow.register_model(info.model_uri, name, tags=tags)
+    client.set_registered_model_alias(name, alias, version.version)
+    return Published(name, str(version.version), alias, run.info.run_id, False, f"models:/{name}@{alias}")
+
+
+def _experiment(client: MlflowClient, name: str) -> str:
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = None
+    if client.tracking_uri.startswith("sqlite:///"):  # keep artifacts beside the embedded store, absolute
+        location = (Path(client.tracking_uri.removeprefix("sqlite:///")).parent / DEFAULT_ARTIFACTS).resolve().as_uri()
+    return client.create_experiment(name, artifact_location=location)
+
+
+def _same_version(client: MlflowClient, name: str, model_sha: str, recipe_sha: str) -> str | None:
+    try:
+        versions = client.search_model_versions(f"name='{name}'")
+    except mlflow.exceptions.MlflowException:
+        return None
+    for version in versions:
+        if version.tags.get("model_sha256") == model_sha and version.tags.get("recipe_sha256") == recipe_sha:
+            return str(version.version)
+    return None
+
+
+def promote(client: MlflowClient, name: str, version: str, alias: str) -> None:
+    client.get_model_version(name, version)  # raises a clear MlflowException for an unknown version
+    client.set_registered_model_alias(name, alias, version)
+
+
+def _key(key: str) -> str:
+    """MLflow keys allow letters, digits, _ - . space : / only."""
+    return "".join(c if c.isalnum() or c in "_-. :/" else "_" for c in key)[:250]
+
+
+def _value(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= PARAM_LIMIT else text[: PARAM_LIMIT - 3] + "..."
+
+
+def resolve_version(client: MlflowClient, uri: str) -> tuple[str, str]:
+    """(name, version) for models:/NAME@ALIAS or models:/NAME/VERSION."""
+    if not uri.startswith("models:/"):
+        raise ValueError(f"'{uri}' is not a models:/NAME@ALIAS or models:/NAME/VERSION URI")
+    ref = uri.removeprefix("models:/")
+    if "@" in ref:
+        name, alias = ref.split("@", 1)
+        return name, str(client.get_model_version_by_alias(name, alias).version)
+    name, _, version = ref.partition("/")
+    client.get_model_version(name, version)
+    return name, version
+
+
+def fetch_bundle(uri: str, dest: Path) -> Path:
+    """Download a registered version and copy its serving bundle (model, runtime.json, report, manifest) to `dest`."""
+    import shutil
+    import tempfile
+
+    from artifacts.bundle import CONFIG
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp))
+        found = next((p.parent for p in local.rglob(CONFIG)), None)
+        if found is None:
+            raise FileNotFoundError(f"{uri} holds no temper serving bundle ({CONFIG} not found)")
+        dest.mkdir(parents=True, exist_ok=True)
+        for item in found.iterdir():
+            shutil.copy2(item, dest / item.name)
+    return dest

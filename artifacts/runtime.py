@@ -1,0 +1,426 @@
+"""The serving runtime: one ONNX Runtime session behind a dynamic batcher.
+
+Shipped inside MLflow models (code_paths), so it imports only artifacts.bundle, never
+pipeline/, calibration/ or validators/.
+
+Batching rule (DESIGN.md "Serving: what was measured"): when the engine becomes free it
+takes what is already queued, up to max_batch_size rows. It waits for more (until
+max_delay_ms after the batch's first request arrived) only while the batch holds fewer
+requests than the previous batch did, i.e. only when recent traffic showed concurrent
+clients. A lone sequential client therefore never pays the delay, and 2 closed-loop
+clients are not held back waiting for a 16-row batch that will never fill.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from artifacts.bundle import MODEL, ServingConfig, read
+
+log = logging.getLogger("temper.serving")
+
+TENSORRT_PLAN = "model.plan"  # not produced by publishing yet; see Runtime._tensorrt_skip_reason
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+WARMUP_DYNAMIC_DIM = 8  # length used for dynamic non-batch dims during warm-up
+
+
+class RequestError(ValueError):
+    """Bad request (HTTP 400): the message says what is wrong."""
+
+
+class Overloaded(RuntimeError):
+    """Queue full (HTTP 503)."""
+
+
+class RequestTimeout(TimeoutError):
+    """Not answered within config.timeout_s."""
+
+
+@dataclass
+class Metrics:
+    """Thread-safe counters read by /metrics; names mirror Triton's nv_inference_* family.
+
+    queue_ns and compute_ns are summed per request, as Triton does (a request in a batch of
+    8 adds the whole batch's compute time). latency_counts[i] counts successful requests
+    with latency <= latency_buckets_ms[i] (cumulative, Prometheus style); latency_count is
+    the +Inf bucket.
+    """
+
+    request_success: int = 0
+    request_failure: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    queue_ns: int = 0
+    compute_ns: int = 0
+    latency_buckets_ms: tuple[float, ...] = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+    latency_counts: list[int] = field(default_factory=list)
+    latency_sum_ms: float = 0.0
+    latency_count: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.latency_counts = [0] * len(self.latency_buckets_ms)
+
+    def record_execution(self, rows: int, requests: int, queue_ns: int, compute_ns: int) -> None:
+        with self._lock:
+            self.execution_count += 1
+            self.inference_count += rows
+            self.queue_ns += queue_ns
+            self.compute_ns += compute_ns * requests
+
+    def record_success(self, latency_ns: int) -> None:
+        ms = latency_ns / 1e6
+        with self._lock:
+            self.request_success += 1
+            self.latency_sum_ms += ms
+            self.latency_count += 1
+            for i, bound in enumerate(self.latency_buckets_ms):
+                if ms <= bound:
+                    self.latency_counts[i] += 1
+
+    def record_failure(self, requests: int = 1) -> None:
+        with self._lock:
+            self.request_failure += requests
+
+    def snapshot(self) -> dict:
+        """A consistent copy of every counter (taken under the lock)."""
+        with self._lock:
+            return {
+                "request_success": self.request_success,
+                "request_failure": self.request_failure,
+                "inference_count": self.inference_count,
+                "execution_count": self.execution_count,
+                "queue_ns": self.queue_ns,
+                "compute_ns": self.compute_ns,
+                "latency_buckets_ms": self.latency_buckets_ms,
+                "latency_counts": list(self.latency_counts),
+                "latency_sum_ms": self.latency_sum_ms,
+                "latency_count": self.latency_count,
+            }
+
+
+@dataclass
+class _Request:
+    inputs: dict[str, np.ndarray]
+    rows: int
+    length: int | None  # axis-1 length of the padded inputs, None when the config pads nothing
+    key: tuple  # shapes that must match for requests to share a batch
+    future: concurrent.futures.Future
+    arrived_ns: int = field(default_factory=time.perf_counter_ns)
+
+
+class Runtime:
+    """Loads a bundle, picks the engine, batches concurrent requests on one inference thread."""
+
+    def __init__(self, bundle: Path, providers: list[str] | None = None) -> None:
+        self.bundle = Path(bundle)
+        self.config: ServingConfig = read(self.bundle)
+        self.metrics = Metrics()
+        self._inputs = {spec.name: spec for spec in self.config.inputs}
+        self._dynamic_axis1 = {s.name for s in self.config.outputs if len(s.shape) > 1 and s.shape[1] == -1}
+        fixed_batch = {s.shape[0] for s in self.config.inputs if s.shape and s.shape[0] > 0}
+        self._fixed_batch = min(fixed_batch) if fixed_batch else None
+        self.max_rows = min([self.config.max_batch_size, *fixed_batch])
+        self._session, self.engine = self._load(providers)
+        self._output_names = [o.name for o in self._session.get_outputs()]
+        self._queue: deque[_Request] = deque()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._ready = False
+        self._last_batch_requests = 0
+
+    # -- engine -----------------------------------------------------------------------------
+
+    def _load(self, providers: list[str] | None) -> tuple[ort.InferenceSession, str]:
+        """One session; CUDA only when the session really runs on it (no silent fallback)."""
+        reason = self._tensorrt_skip_reason()
+        log.info("%s: TensorRT skipped: %s", self.config.name, reason)
+        if providers is None:
+            providers = ([CUDA] if CUDA in ort.get_available_providers() else []) + [CPU]
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = os.cpu_count() or 1
+        # Spinning intra-op threads burn every core even when idle (measured 180-200% CPU at
+        # any load on 2 cores), starving the HTTP threads that feed the batcher. One
+        # inference thread runs back-to-back batches under load, so spinning buys little.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = ort.InferenceSession(str(self.bundle / MODEL), options, providers=providers)
+        used = session.get_providers()
+        engine = "cuda" if used and used[0] == CUDA else "cpu"
+        if CUDA in providers and engine != "cuda":
+            log.warning("%s: CUDAExecutionProvider requested but the session runs on %s", self.config.name, used)
+        log.info("%s: engine=%s providers=%s intra_op_threads=%d", self.config.name, engine, used, options.intra_op_num_threads)
+        return session, engine
+
+    def _tensorrt_skip_reason(self) -> str:
+        """Why the TensorRT engine is not used. Serving a plan is not implemented yet: no
+        publishing step produces one, so even a present plan is reported, not run."""
+        if not (self.bundle / TENSORRT_PLAN).is_file():
+            return f"no {TENSORRT_PLAN} in the bundle"
+        if importlib.util.find_spec("tensorrt") is None:
+            return "tensorrt is not installed"
+        return f"{TENSORRT_PLAN} found but plan serving is not implemented yet"
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        """Run every batch size the batcher can form once, so no request pays for a first run.
+
+        Every size, because CUDA/cuDNN pick kernels per shape: the first request to hit an
+        unseen batch size would otherwise pay for it. Cheap on CPU (16 tiny runs).
+        """
+        sizes = [self._fixed_batch] if self._fixed_batch else range(1, self.max_rows + 1)
+        began = time.perf_counter()
+        for rows in sizes:
+            self._run(self._warmup_inputs(rows))
+        log.info("%s: warmed up batch sizes up to %d in %.2fs", self.config.name, self.max_rows, time.perf_counter() - began)
+
+    def start(self) -> None:
+        """Warm up, then start the single batching thread; only then report ready.
+
+        Requests submitted before start() wait in the queue and are served once it runs.
+        """
+        if self._thread is not None:
+            return
+        self.warm_up()
+        self._running = True
+        self._thread = threading.Thread(target=self._serve, name=f"temper-batcher-{self.config.name}", daemon=True)
+        self._thread.start()
+        self._ready = True
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def stop(self) -> None:
+        """Stop the batching thread; requests still queued fail instead of hanging."""
+        self._ready = False
+        with self._cond:
+            self._running = False
+            pending = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        for request in pending:
+            if request.future.set_running_or_notify_cancel():
+                request.future.set_exception(RuntimeError("runtime stopped"))
+        self.metrics.record_failure(len(pending))
+
+    def _warmup_inputs(self, rows: int) -> dict[str, np.ndarray]:
+        return {
+            s.name: np.zeros([rows] + [d if d > 0 else WARMUP_DYNAMIC_DIM for d in s.shape[1:]], dtype=s.dtype)
+            for s in self.config.inputs
+        }
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def submit(self, inputs: dict[str, np.ndarray]) -> concurrent.futures.Future:
+        """Validate now (RequestError), queue (Overloaded when full); the future gets this
+        request's own output rows."""
+        try:
+            rows = self._validate(inputs, self.max_rows)
+        except RequestError:
+            self.metrics.record_failure()
+            raise
+        length = self._pad_length(inputs)
+        key = tuple(inputs[name].shape[2 if name in self.config.pad else 1 :] for name in self._inputs)
+        request = _Request(dict(inputs), rows, length, key, concurrent.futures.Future())
+        with self._cond:
+            if len(self._queue) >= self.config.max_queue:
+                self.metrics.record_failure()
+                raise Overloaded(f"queue full ({self.config.max_queue} requests waiting)")
+            self._queue.append(request)
+            self._cond.notify()
+        return request.future
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """submit() and wait up to config.timeout_s."""
+        future = self.submit(inputs)
+        try:
+            return future.result(timeout=self.config.timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()  # still queued: the batcher skips it
+            raise RequestTimeout(f"not answered within {self.config.timeout_s}s") from None
+
+    def run_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run any number of rows directly in chunks of max_batch_size, bypassing the queue
+        (offline pyfunc predict on big inputs)."""
+        rows = self._validate(inputs, None)
+        chunks = []
+        for start in range(0, rows, self.max_rows):
+            began = time.perf_counter_ns()
+            chunks.append(self._run({name: a[start : start + self.max_rows] for name, a in inputs.items()}))
+            self.metrics.record_execution(min(self.max_rows, rows - start), 1, 0, time.perf_counter_ns() - began)
+        return {name: np.concatenate([c[name] for c in chunks]) for name in self._output_names}
+
+    def _validate(self, inputs: dict[str, np.ndarray], max_rows: int | None) -> int:
+        """Check names, dtypes, ranks, fixed dims and row counts against the config; the row count."""
+        if not isinstance(inputs, dict):
+            raise RequestError(f"inputs must be a dict of arrays, got {type(inputs).__name__}")
+        unknown = sorted(set(inputs) - set(self._inputs))
+        missing = sorted(set(self._inputs) - set(inputs))
+        if unknown:
+            raise RequestError(f"unknown input(s) {unknown}; expected {sorted(self._inputs)}")
+        if missing:
+            raise RequestError(f"missing input(s) {missing}")
+        rows = set()
+        for name, spec in self._inputs.items():
+            array = inputs[name]
+            if not isinstance(array, np.ndarray):
+                raise RequestError(f"input {name!r} must be a numpy array, got {type(array).__name__}")
+            if array.dtype != np.dtype(spec.dtype):
+                raise RequestError(f"input {name!r} has dtype {array.dtype}, expected {spec.dtype}")
+            if array.ndim != len(spec.shape):
+                raise RequestError(f"input {name!r} has shape {list(array.shape)}, expected rank {len(spec.shape)} like {spec.shape}")
+            for axis, (got, want) in enumerate(zip(array.shape, spec.shape)):
+                if axis and want > 0 and got != want:
+                    raise RequestError(f"input {name!r} has shape {list(array.shape)}, expected {spec.shape} (-1 = any)")
+            rows.add(array.shape[0])
+        if len(rows) > 1:
+            raise RequestError(f"inputs disagree on the number of rows: {sorted(rows)}")
+        (n,) = rows
+        if n < 1:
+            raise RequestError("a request needs at least one row")
+        if self._fixed_batch and n % self._fixed_batch:
+            raise RequestError(f"this model takes batches of exactly {self._fixed_batch} rows, got {n}")
+        if max_rows is not None and n > max_rows:
+            raise RequestError(f"{n} rows exceed max_batch_size {max_rows}")
+        if self._pad_length(inputs) == 0:
+            raise RequestError(f"padded inputs {sorted(self.config.pad)} need at least one position on axis 1")
+        return n
+
+    def _pad_length(self, inputs: dict[str, np.ndarray]) -> int | None:
+        lengths = {inputs[name].shape[1] for name in self.config.pad}
+        if len(lengths) > 1:
+            raise RequestError(f"padded inputs {sorted(self.config.pad)} disagree on axis-1 length: {sorted(lengths)}")
+        return lengths.pop() if lengths else None
+
+    # -- batching thread --------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            if batch:
+                self._execute(batch)
+
+    def _next_batch(self) -> list[_Request] | None:
+        """Block until work arrives; None once stopped. See the module docstring for the rule."""
+        with self._cond:
+            while self._running and not self._queue:
+                self._cond.wait()
+            if not self._running:
+                return None
+            batch: list[_Request] = []
+            self._take(batch)
+            if batch:
+                deadline = batch[0].arrived_ns + int(self.config.max_delay_ms * 1e6)
+                while (
+                    self._running
+                    and len(batch) < self._last_batch_requests
+                    and sum(r.rows for r in batch) < self.max_rows
+                    and (remaining := deadline - time.perf_counter_ns()) > 0
+                ):
+                    self._cond.wait(remaining / 1e9)
+                    self._take(batch)
+                self._last_batch_requests = len(batch)
+            return batch
+
+    def _take(self, batch: list[_Request]) -> None:
+        """Move queued requests that fit (rows, shapes) into `batch`, in arrival order,
+        dropping cancelled and expired ones. Called with the lock held."""
+        rows = sum(r.rows for r in batch)
+        expiry = time.perf_counter_ns() - int(self.config.timeout_s * 1e9)
+        kept: deque[_Request] = deque()
+        while self._queue:
+            request = self._queue.popleft()
+            if request.arrived_ns < expiry:
+                if request.future.set_running_or_notify_cancel():
+                    request.future.set_exception(RequestTimeout(f"not answered within {self.config.timeout_s}s"))
+                self.metrics.record_failure()
+            elif rows + request.rows > self.max_rows or (batch and request.key != batch[0].key):
+                kept.append(request)
+            elif request.future.set_running_or_notify_cancel():
+                batch.append(request)
+                rows += request.rows
+            else:
+                self.metrics.record_failure()  # cancelled by its caller (infer timed out)
+        self._queue = kept
+
+    def _execute(self, batch: list[_Request]) -> None:
+        """Run one batch and hand each request its own rows; a failure fails only this batch."""
+        started = time.perf_counter_ns()
+        try:
+            outputs = self._run(self._merge(batch))
+            computed = time.perf_counter_ns()
+            results = self._split(batch, outputs)
+        except Exception as exc:
+            log.exception("%s: batch of %d requests failed", self.config.name, len(batch))
+            for request in batch:
+                request.future.set_exception(exc)
+            self.metrics.record_failure(len(batch))
+            return
+        queued = sum(started - r.arrived_ns for r in batch)
+        self.metrics.record_execution(sum(r.rows for r in batch), len(batch), queued, computed - started)
+        done = time.perf_counter_ns()
+        for request, result in zip(batch, results):
+            request.future.set_result(result)
+            self.metrics.record_success(done - request.arrived_ns)
+
+    def _merge(self, batch: list[_Request]) -> dict[str, np.ndarray]:
+        """Concatenate the batch's rows, padding config.pad inputs on axis 1 to the longest."""
+        if len(batch) == 1:
+            return batch[0].inputs
+        longest = max(r.length or 0 for r in batch)
+        merged = {}
+        for name in self._inputs:
+            parts = [r.inputs[name] for r in batch]
+            if name in self.config.pad:
+                value = self.config.pad[name]
+                parts = [_pad_axis1(p, longest, value) for p in parts]
+            merged[name] = np.concatenate(parts)
+        return merged
+
+    def _split(self, batch: list[_Request], outputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """Each request's rows; padded-length outputs sliced back to the request's own length."""
+        total = sum(r.rows for r in batch)
+        for name, array in outputs.items():
+            if array.ndim == 0 or array.shape[0] != total:
+                raise RuntimeError(f"output {name!r} has shape {list(array.shape)}: not batch-major over {total} rows")
+        longest = max(r.length or 0 for r in batch)
+        results, offset = [], 0
+        for request in batch:
+            own = {}
+            for name, array in outputs.items():
+                part = array[offset : offset + request.rows]
+                if request.length is not None and name in self._dynamic_axis1 and array.shape[1] == longest:
+                    part = part[:, : request.length]
+                own[name] = part
+            results.append(own)
+            offset += request.rows
+        return results
+
+    def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self._output_names, self._session.run(self._output_names, inputs)))
+
+
+def _pad_axis1(array: np.ndarray, length: int, value: int | float) -> np.ndarray:
+    if array.shape[1] == length:
+        return array
+    widths = [(0, 0), (0, length - array.shape[1])] + [(0, 0)] * (array.ndim - 2)
+    return np.pad(array, widths, constant_values=value)

@@ -1,0 +1,207 @@
+"""Export a serving bundle as a Triton model repository, so the same artifacts scale out on
+Triton / KServe clusters. Imports nothing from pipeline/ and needs no Triton package: the
+config.pbtxt is written by the small text-format writer below (the tests parse it with
+Triton's own ModelConfig protobuf).
+
+    <dest>/<name>/
+      config.pbtxt
+      1/model.onnx     (+ the external-data files it references), or 1/model.plan
+
+Batching follows the bundle's tensors. When every input and output has a dynamic first
+(batch) dim, Triton batches: `max_batch_size` comes from runtime.json, dims leave the batch
+dim out, and the dynamic batcher gets the bundle's delay, queue bound and timeout. When any
+tensor has a fixed first dim (say an export traced at batch 1), the model cannot take a
+batch: Triton's `max_batch_size: 0` means exactly that, dims then spell the full shape,
+batch dim included, and there is no dynamic batcher (Triton has nothing to batch), so
+runtime.json's batching, queue and timeout settings do not apply.
+
+Two differences from temper's own batcher worth knowing: Triton waits up to
+`max_queue_delay_microseconds` for a full batch even when nothing else is queued (delay is
+pure latency at concurrency 1; set `max_delay_ms: 0` where that matters), and its queue
+timeout covers time spent queued, not execution.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+
+from artifacts.bundle import MODEL, ServingConfig, TensorSpec, read
+
+CONFIG = "config.pbtxt"
+VERSION = "1"
+PLAN = "model.plan"  # a TensorRT engine beside model.onnx; served instead of it when present
+WARMUP_DIM = 8  # concrete size for dynamic non-batch dims (e.g. sequence length) in warm-up requests
+KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU")
+DATA_TYPES = {
+    "float32": "TYPE_FP32",
+    "float16": "TYPE_FP16",
+    "int64": "TYPE_INT64",
+    "int32": "TYPE_INT32",
+    "int8": "TYPE_INT8",
+    "uint8": "TYPE_UINT8",
+    "bool": "TYPE_BOOL",
+}
+
+
+class _Enum(str):
+    """A text-format enum value: written bare, not quoted."""
+
+
+def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = "KIND_AUTO") -> Path:
+    """Write a Triton model repository: dest/<config.name>/config.pbtxt and dest/<name>/1/model.onnx
+    (plus external data if any). Returns the model folder; an existing one is replaced."""
+    config = read(bundle)
+    if kind not in KINDS:
+        raise ValueError(f"instance kind {kind!r} is not one of {', '.join(KINDS)}")
+    if instances < 1:
+        raise ValueError(f"instances must be >= 1, got {instances}")
+    name = config.name
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ValueError(f"model name {name!r} cannot be a Triton model folder name")
+    plan = (bundle / PLAN).is_file()
+    if plan and kind == "KIND_CPU":
+        raise ValueError(f"{bundle} holds a TensorRT plan, which only runs on a GPU; use KIND_GPU or KIND_AUTO")
+
+    files = [bundle / PLAN] if plan else [bundle / MODEL, *_external_data(bundle)]
+    text = _pbtxt(_model_config(config, "tensorrt_plan" if plan else "onnxruntime_onnx", instances, kind))
+
+    dest.mkdir(parents=True, exist_ok=True)
+    staging = dest / f".{name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / VERSION).mkdir(parents=True)
+    for file in files:
+        target = staging / VERSION / file.relative_to(bundle)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(file, target)
+    (staging / CONFIG).write_text(text)
+    folder = dest / name
+    shutil.rmtree(folder, ignore_errors=True)
+    staging.rename(folder)
+    return folder
+
+
+def _external_data(bundle: Path) -> list[Path]:
+    """The files model.onnx keeps its weights in (ONNX resolves them relative to the model)."""
+    model = onnx.load(str(bundle / MODEL), load_external_data=False)
+    locations = {
+        entry.value
+        for tensor in _tensors(model.graph)
+        if tensor.data_location == onnx.TensorProto.EXTERNAL
+        for entry in tensor.external_data
+        if entry.key == "location"
+    }
+    paths = []
+    for location in sorted(locations):
+        path = bundle / location
+        if not path.resolve().is_relative_to(bundle.resolve()) or not path.is_file():
+            raise FileNotFoundError(f"{bundle / MODEL} keeps weights in {location!r}, not a file in the bundle")
+        paths.append(path)
+    return paths
+
+
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor a graph stores: initializers and attribute tensors, subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            yield from ([attr.t] if attr.HasField("t") else attr.tensors)
+            for sub in [attr.g] if attr.HasField("g") else attr.graphs:
+                yield from _tensors(sub)
+
+
+def _model_config(config: ServingConfig, platform: str, instances: int, kind: str) -> dict:
+    """ModelConfig (model_config.proto) as nested dicts, in the writer's terms."""
+    tensors = [*config.inputs, *config.outputs]
+    batching = all(spec.shape and spec.shape[0] == -1 for spec in tensors)
+    fields: dict = {
+        "name": config.name,
+        "platform": platform,
+        "max_batch_size": config.max_batch_size if batching else 0,
+        "input": [_io(spec, batching) for spec in config.inputs],
+        "output": [_io(spec, batching) for spec in config.outputs],
+        "instance_group": [{"count": instances, "kind": _Enum(kind)}],
+    }
+    if batching:
+        fields["dynamic_batching"] = {
+            "preferred_batch_size": [config.max_batch_size],  # Triton's own default, stated
+            "max_queue_delay_microseconds": round(config.max_delay_ms * 1000),
+            "default_queue_policy": {
+                "timeout_action": _Enum("REJECT"),
+                "default_timeout_microseconds": round(config.timeout_s * 1_000_000),
+                "max_queue_size": config.max_queue,
+            },
+        }
+    sizes = sorted({1, config.max_batch_size}) if batching else [1]
+    fields["model_warmup"] = [_warmup(config.inputs, size, batching) for size in sizes]
+    return fields
+
+
+def _dims(spec: TensorSpec, batching: bool) -> list[int]:
+    """Triton dims: without the batch dim when Triton batches, the full shape when it cannot."""
+    if not spec.shape:
+        raise ValueError(f"tensor {spec.name!r} has no known shape; Triton needs its dims")
+    return spec.shape[1:] if batching else spec.shape
+
+
+def _io(spec: TensorSpec, batching: bool) -> dict:
+    io: dict = {"name": spec.name, "data_type": _Enum(DATA_TYPES[spec.dtype])}
+    dims = _dims(spec, batching)
+    if dims:
+        io["dims"] = dims
+    else:  # a [batch] tensor: one element per request, which Triton spells dims [1] + empty reshape
+        io["dims"] = [1]
+        io["reshape"] = {"shape": []}
+    return io
+
+
+def _warmup(inputs: list[TensorSpec], batch_size: int, batching: bool) -> dict:
+    """One warm-up request of zeros: random bytes as token ids could index past a vocabulary."""
+    return {
+        "name": f"batch_{batch_size}",
+        "batch_size": batch_size,
+        "inputs": [
+            {
+                "key": spec.name,
+                "value": {
+                    "data_type": _Enum(DATA_TYPES[spec.dtype]),
+                    "dims": [WARMUP_DIM if d == -1 else d for d in _dims(spec, batching)] or [1],
+                    "zero_data": True,
+                },
+            }
+            for spec in inputs
+        ],
+    }
+
+
+def _pbtxt(fields: dict, depth: int = 0) -> str:
+    """Protobuf text format: messages as blocks, repeated messages as repeated blocks (a map
+    is a repeated key/value message), repeated scalars as `[a, b]` lists."""
+    pad = "  " * depth
+    lines = []
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            lines.append(f"{pad}{key} {{\n{_pbtxt(value, depth + 1)}{pad}}}\n")
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            lines.extend(f"{pad}{key} {{\n{_pbtxt(item, depth + 1)}{pad}}}\n" for item in value)
+        elif isinstance(value, list):
+            lines.append(f"{pad}{key}: [{', '.join(map(_scalar, value))}]\n")
+        else:
+            lines.append(f"{pad}{key}: {_scalar(value)}\n")
+    return "".join(lines)
+
+
+def _scalar(value: object) -> str:
+    if isinstance(value, _Enum):
+        return str(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        return f'"{escaped}"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    raise TypeError(f"no text-format writer for {type(value).__name__}")

@@ -179,7 +179,7 @@ class Runtime:
         """Run every batch size the batcher can form once, so no request pays for a first run.
 
         Every size, because CUDA/cuDNN pick kernels per shape: the first request to hit an
-        unseen batch size would otherwise pay for it. Cheap on CPU (16 tiny runs).
+        unseen batch size would otherwise pay for it (max_batch_size runs, once per load).
         """
         sizes = [self._fixed_batch] if self._fixed_batch else range(1, self.max_rows + 1)
         began = time.perf_counter()

@@ -4,7 +4,8 @@
 
 Each recipe runs as a subprocess (`temper run RECIPE --output OUT_BASE/<name>`) with
 TEMPER_CACHE_DIR=OUT_BASE/cache, so a rerun with the same --out-base reuses every built model
-and only measures again. temper's own progress goes to stderr; stdout is only Markdown.
+and only measures again. temper's own progress goes to stderr; stdout is only Markdown. A recipe's
+`publish:` section is left out (a benchmark registers nothing), by running a copy of it.
 
 Speedups are the ratios report.json already holds: each candidate against the FP32 baseline
 measured side by side in the same run (see benchmarks/README.md).
@@ -56,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
 
     base = (args.out_base or Path(tempfile.mkdtemp(prefix="temper-bench-"))).resolve()
     base.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "TEMPER_CACHE_DIR": str(base / "cache")}
+    env = {**os.environ, "TEMPER_CACHE_DIR": str(base / "cache"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{base / 'mlflow.db'}"}  # never the caller's registry
     signal.signal(signal.SIGTERM, _terminate)  # so `finally` removes the recipe copies
     print(f"outputs and cache: {base}", file=sys.stderr)
 
@@ -105,24 +107,33 @@ def _recipe_name(recipe: Path) -> str:
 
 
 def _run(temper: str, recipe: Path, output: Path, duration: float | None, env: dict[str, str]) -> tuple[int, float | None]:
-    """Run temper on the recipe, or on a copy beside it with another throughput duration.
+    """Run temper on the recipe, or on a copy beside it (another throughput duration, no publish).
 
-    Returns temper's exit code and the duration_s the run used (None: recipe measured none)."""
+    Returns temper's exit code and the duration_s the run used (None: the recipe measures none)."""
+    recipe = recipe.resolve()
     data = _load(recipe)
     throughput = ((data or {}).get("validate") or {}).get("throughput")
     used = throughput.get("duration_s", 3.0) if isinstance(throughput, dict) else None
-    copy = None
+    changed = False
     if duration is not None and isinstance(throughput, dict):
         throughput["duration_s"] = used = duration
+        changed = True
+    elif duration is not None:
+        print(f"note: {recipe} has no validate.throughput section; --duration ignored", file=sys.stderr)
+    if data is not None and data.pop("publish", None) is not None:
+        # A benchmark measures; it must never register versions in anyone's MLflow registry.
+        print(f"note: {recipe.name}: publish section left out of the benchmark run", file=sys.stderr)
+        changed = True
+    copy = None
+    if changed:
         # Paths in a recipe are relative to its folder: the copy must live there too.
         copy = recipe.parent / f".bench-{recipe.stem}.yaml"
         copy.write_text(f"# temporary copy of {recipe.name} written by benchmarks/recipes.py; safe to delete\n"
                         + yaml.safe_dump(data, sort_keys=False))
-    elif duration is not None:
-        print(f"note: {recipe} has no validate.throughput section; --duration ignored", file=sys.stderr)
     try:
         # temper's stdout (summary tables) joins its progress on our stderr: stdout stays Markdown.
-        rc = subprocess.run([temper, "run", str(copy or recipe), "--output", str(output)],
+        # cwd is the output base, so nothing temper writes by default lands in the caller's folder.
+        rc = subprocess.run([temper, "run", str(copy or recipe), "--output", str(output)], cwd=output.parent,
                             env=env, stdout=sys.stderr, stderr=sys.stderr).returncode
     finally:
         if copy is not None:

@@ -38,6 +38,8 @@ def _options(debug: Annotated[bool, typer.Option("--debug", help="show traceback
     DEBUG["on"] = debug
     # Exporters and quantizers log advice meant for their own developers; temper reports what matters.
     logging.getLogger().setLevel(logging.DEBUG if debug else logging.ERROR)
+    for chatty in ("mlflow", "alembic"):  # they attach their own INFO handlers
+        logging.getLogger(chatty).setLevel(logging.DEBUG if debug else logging.WARNING)
 
 
 class _Display:

@@ -136,16 +136,18 @@ def random_inputs(model: onnx.ModelProto, rows: int, sizes: dict[str, int]) -> d
 
 
 def measure(
-    path: Path, sample: dict[str, np.ndarray], batch_size: int, provider: str, duration_s: float, warmup_s: float
+    path: Path, sample: dict[str, np.ndarray], batch_size: int, provider: str, duration_s: float, warmup_s: float,
+    session: ort.InferenceSession | None = None,
 ) -> Measurement:
     """Warm up for `warmup_s` (at least one call), then time calls until `duration_s` has elapsed.
 
-    RSS is read during warm-up and after the timed loop, never inside it: reading /proc is a
-    syscall the loop would otherwise time. ORT's arenas keep what a call allocated, so steady
-    state is what the reads see.
+    `session` lets a caller that measures the same model repeatedly (interleaved slices) create
+    it once. RSS is read during warm-up and after the timed loop, never inside it: reading /proc
+    is a syscall the loop would otherwise time. ORT's arenas keep what a call allocated, so
+    steady state is what the reads see.
     """
     feed = batch_of(load_structure(path), sample, batch_size)
-    session = session_for(path, provider)
+    session = session or session_for(path, provider)
     call = _bound_call(session, feed, "cpu" if provider == "cpu" else "cuda")
 
     peak = _rss_mb()

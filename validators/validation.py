@@ -158,25 +158,30 @@ def _fidelity_gates(comparisons: list[OutputComparison], spec: ValidateSpec) -> 
     return gates
 
 
-ROUNDS = 3  # each figure is the median of this many interleaved slices
+ROUNDS = 5  # each figure is the median of this many interleaved slices
+SLICE_WARMUP_S = 0.05  # later slices reuse a warm session: a few calls re-fill the caches
 
 
 def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.ndarray],
                progress: Progress) -> dict[str, list[Measurement]]:
     """Throughput of every model, side by side: for each provider and batch size the models take turns
-    in ROUNDS slices of duration_s / ROUNDS, and each keeps its median slice. A burst of noise on a shared
-    machine then hits every model alike instead of skewing whichever model was measuring at the time."""
+    in ROUNDS slices of duration_s / ROUNDS on sessions created once, and each keeps its median slice.
+    A burst of noise on a shared machine then hits every model alike instead of skewing whichever
+    model was measuring at the time."""
     spec = subject.spec.throughput
     found: dict[str, list[Measurement]] = {name: [] for name in models}
     if spec is None:
         return found
     for provider in spec.providers:
+        sessions = {name: session_for(path, provider) for name, path in models.items()}
         for size in spec.batch_sizes:
             progress(f"throughput › {provider} batch {size}: {', '.join(models)}")
             slices: dict[str, list[Measurement]] = {name: [] for name in models}
-            for _ in range(ROUNDS):
+            for round_ in range(ROUNDS):
                 for name, path in models.items():
-                    slices[name].append(measure(path, sample, size, provider, spec.duration_s / ROUNDS, spec.warmup_s))
+                    warmup = spec.warmup_s if round_ == 0 else min(spec.warmup_s, SLICE_WARMUP_S)
+                    slices[name].append(measure(path, sample, size, provider, spec.duration_s / ROUNDS, warmup,
+                                                session=sessions[name]))
             for name, taken in slices.items():
                 found[name].append(sorted(taken, key=lambda m: m.samples_per_s)[ROUNDS // 2])
     return found

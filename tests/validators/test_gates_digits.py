@@ -24,7 +24,9 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def digits(digits_dir: Path, shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("TEMPER_CACHE_DIR", str(shared_cache))
     recipe = digits_dir / "digits-cnn.yaml"
-    _edit(recipe, lambda d: d["validate"]["throughput"].update(duration_s=0.6, warmup_s=0.1))  # keep the suite quick
+    # Quick, and a speed budget that holds on a loaded 2-core machine (INT8 static measures 1.6-2.5x
+    # when the machine is quiet); dynamic INT8 at 0.1-0.3x still fails it by far.
+    _edit(recipe, lambda d: d["validate"]["throughput"].update(duration_s=0.6, warmup_s=0.1, min_speedup=0.8))
     return recipe
 
 
@@ -56,7 +58,7 @@ def test_sensible_budget_passes_and_selects_the_fastest_passing(temper, digits, 
     dynamic = report["candidates"]["int8-dynamic"]
     speed_gates = [g for g in dynamic["gates"] if g["name"].startswith("throughput.")]
     assert speed_gates and not any(g["passed"] for g in speed_gates)
-    assert all(g["measured"] < 0.7 for g in speed_gates), speed_gates
+    assert all(g["measured"] < 0.6 for g in speed_gates), speed_gates
     # The selection is the fastest passing candidate by the report's own numbers.
     passing = {n: c for n, c in report["candidates"].items() if c["passed"]}
     fastest = max(passing, key=lambda n: max(passing[n]["throughput"], key=lambda m: m["batch_size"])["samples_per_s"])

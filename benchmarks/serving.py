@@ -1,0 +1,658 @@
+"""Benchmark `temper serve` against `mlflow models serve` and the raw ONNX Runtime batched ceiling.
+
+    .venv/bin/python benchmarks/serving.py [--out-base DIR] [--duration S] [--concurrency 1,8,32,64] ...
+
+Two models: the digits CNN (built by `temper run recipes/digits-cnn.yaml`, its FP32 baseline) and a
+heavier seeded ResNet-ish CNN at 1x3x64x64 that takes a few ms per batch-1 inference here. Per model:
+
+  (c)  in-process ONNX Runtime, no HTTP, at batch 1, 8, 16, 32: samples/s. Measured before and after
+       the HTTP points; the higher of the two is the ceiling (the stricter denominator).
+  (a)  `temper serve` on a bundle (artifacts.bundle.config_for/write), the load generator sending
+       Triton's binary tensor extension; (a-json) the same server with a plain KServe v2 JSON body.
+  (b)  `mlflow models serve --env-manager local` on the same ONNX file logged with mlflow.onnx
+       (a temp sqlite store), with mlflow's `{"inputs": {name: nested list}}` tensor body.
+
+Load: wrk (Debian package `wrk`), one thread, -c CONCURRENCY closed-loop connections on 127.0.0.1,
+each point bounded by --duration seconds and --max-requests responses. Every req/s figure is also
+given as a ratio to (c) at batch = the bundle's max_batch_size. The average formed batch comes from
+the server's /metrics (nv_inference_count / nv_inference_exec_count deltas over the point). Finally
+the temper server's VmRSS is read before and after --rss-requests requests at concurrency 32, twice.
+
+Markdown goes to stdout; progress and server logs to stderr / files under the output base.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import http.client
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+BIN = Path(sys.executable).parent
+DIGITS_RECIPE = ROOT / "recipes" / "digits-cnn.yaml"
+CEILING_BATCHES = (1, 8, 16, 32)
+SEED = 0
+
+
+def log(*parts: object) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+# -- machine ---------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    return {
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)),
+        "ort": importlib.metadata.version("onnxruntime"),
+        "mlflow": importlib.metadata.version("mlflow"),
+        "python": platform.python_version(),
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def wait_for_quiet(threshold: float, max_wait: float) -> tuple[float, float, float]:
+    """Wait (up to max_wait s) for the 1-minute load average to drop below threshold.
+    Returns (load when asked, load when starting, seconds waited)."""
+    first = os.getloadavg()[0]
+    began = time.monotonic()
+    load = first
+    while load > threshold and time.monotonic() - began < max_wait:
+        log(f"load average {load:.2f} > {threshold}: waiting ({time.monotonic() - began:.0f}/{max_wait:.0f} s)")
+        time.sleep(min(15, max_wait))
+        load = os.getloadavg()[0]
+    return first, load, time.monotonic() - began
+
+
+def top_processes(n: int = 3) -> str:
+    """The busiest other processes right now (for the report's load note)."""
+    try:
+        out = subprocess.run(["ps", "-eo", "pcpu,comm", "--sort=-pcpu", "--no-headers"], capture_output=True,
+                             text=True, timeout=10).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    rows = [line.split(None, 1) for line in out if line.strip()]
+    return ", ".join(f"{comm.strip()} {cpu}%" for cpu, comm in rows[:n] if float(cpu) >= 5) or "none above 5% CPU"
+
+
+# -- models ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Model:
+    key: str
+    path: Path
+    input_name: str
+    sample: np.ndarray  # one row, float32, batch dim 1
+    json_values: list  # the same values as the nested list a JSON client sends (4 decimals)
+    note: str = ""
+    batch1_ms: float | None = None
+
+
+def rounded_sample(shape: tuple[int, ...], scale: float) -> tuple[np.ndarray, list]:
+    """Seeded random input with 4 decimals, so the JSON and binary bodies carry the same values."""
+    values = np.round(np.random.default_rng(SEED).random(shape) * scale, 4)
+    return values.astype(np.float32), values.tolist()
+
+
+def build_digits(base: Path) -> Model:
+    out = base / "digits"
+    model = out / "baseline" / "model.onnx"
+    if not model.is_file():
+        log(f"=== building the digits CNN: temper run {DIGITS_RECIPE} --output {out}")
+        env = {**os.environ, "TEMPER_CACHE_DIR": str(base / "cache"),
+               "MLFLOW_TRACKING_URI": f"sqlite:///{base / 'temper-run-mlflow.db'}"}
+        rc = subprocess.run([str(BIN / "temper"), "run", str(DIGITS_RECIPE), "--output", str(out)], cwd=base, env=env,
+                            stdout=sys.stderr, stderr=sys.stderr).returncode
+        if not model.is_file():
+            raise SystemExit(f"error: temper run exited {rc} without {model}")
+    sample, values = rounded_sample((1, 1, 8, 8), 16.0)
+    return Model("digits", model, _input_name(model), sample, values, "digits CNN (recipes/digits-cnn.yaml FP32 baseline), 1x1x8x8")
+
+
+def build_heavy(base: Path) -> Model:
+    """A seeded ResNet-ish CNN (4 residual stages, widths 16-128) at 1x3x64x64, batch dim symbolic."""
+    path = base / "heavy" / "model.onnx"
+    if not path.is_file():
+        import torch
+        from torch import nn
+
+        class Block(nn.Module):
+            def __init__(self, cin: int, cout: int, stride: int) -> None:
+                super().__init__()
+                self.c1, self.b1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+                self.c2, self.b2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+                self.skip = (nn.Identity() if stride == 1 and cin == cout
+                             else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return torch.relu(self.b2(self.c2(torch.relu(self.b1(self.c1(x))))) + self.skip(x))
+
+        torch.manual_seed(SEED)
+        w = 16
+        net = nn.Sequential(nn.Conv2d(3, w, 3, 1, 1, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
+                            Block(w, w, 1), Block(w, 2 * w, 2), Block(2 * w, 4 * w, 2), Block(4 * w, 8 * w, 2),
+                            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8 * w, 10)).eval()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(net, torch.zeros(1, 3, 64, 64), str(path), input_names=["image"], output_names=["logits"],
+                              dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17, dynamo=False)
+    sample, values = rounded_sample((1, 3, 64, 64), 1.0)
+    return Model("heavy", path, "image", sample, values, "ResNet-ish CNN, 4 residual stages (16-128 channels), 1x3x64x64, seeded random weights")
+
+
+def _input_name(path: Path) -> str:
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+    return next(v.name for v in graph.input if v.name not in initializers)
+
+
+def make_bundle(model: Model, dest: Path, max_batch: int, max_delay_ms: float) -> Path:
+    from artifacts import bundle
+
+    if dest.exists():
+        shutil.rmtree(dest)
+    config = bundle.config_for(model.path, model.key, max_batch_size=max_batch, max_delay_ms=max_delay_ms)
+    return bundle.write(dest, model.path, config)
+
+
+# -- (c): the raw ONNX Runtime ceiling -------------------------------------------------------
+
+
+def ceiling(model: Model, duration: float) -> dict[int, float]:
+    """Samples/s of one in-process session (intra_op threads = cores, ORT defaults otherwise) per batch size."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = len(os.sched_getaffinity(0))
+    session = ort.InferenceSession(str(model.path), options, providers=["CPUExecutionProvider"])
+    result = {}
+    for batch in CEILING_BATCHES:
+        feed = {model.input_name: np.repeat(model.sample, batch, axis=0)}
+        for _ in range(5):
+            session.run(None, feed)
+        runs, began = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - began) < duration:
+            session.run(None, feed)
+            runs += 1
+        result[batch] = runs * batch / elapsed
+    del session
+    return result
+
+
+def reference(model: Model) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model.path), providers=["CPUExecutionProvider"])
+    return session.run(None, {model.input_name: model.sample})[0]
+
+
+# -- servers ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request(port: int, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+         timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+@dataclass
+class Server:
+    name: str
+    proc: subprocess.Popen
+    port: int
+    logfile: Path
+
+    def wait(self, path: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"error: {self.name} exited {self.proc.returncode} while starting; see {self.logfile}:\n"
+                                 + self.logfile.read_text()[-3000:])
+            try:
+                if request(self.port, "GET", path, timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise SystemExit(f"error: {self.name} not ready on {path} within {timeout:.0f}s; see {self.logfile}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)  # its own session: the group is ours alone
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def rss_kib(self, pid: int | None = None) -> int:
+        for line in Path(f"/proc/{pid or self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmRSS")
+
+
+def start(name: str, cmd: list[str], env: dict[str, str], logfile: Path, ready_path: str, port: int) -> Server:
+    log(f"=== starting {name}: {' '.join(cmd)}")
+    with open(logfile, "ab") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=logfile.parent)
+    server = Server(name, proc, port, logfile)
+    try:
+        server.wait(ready_path, 300)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@contextmanager
+def temper_server(bundle: Path, base: Path) -> Iterator[Server]:
+    port = free_port()
+    server = start("temper serve", [str(BIN / "temper"), "serve", str(bundle), "--port", str(port)], dict(os.environ),
+                   base / f"temper-serve-{bundle.name}.log", "/v2/health/ready", port)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextmanager
+def mlflow_server(model: Model, base: Path) -> Iterator[Server]:
+    """Log the ONNX file with the plain mlflow.onnx flavour into a fresh sqlite store and serve version 1."""
+    store = base / f"mlflow-{model.key}"
+    if store.exists():
+        shutil.rmtree(store)
+    store.mkdir(parents=True)
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    script = f"""
+import mlflow, mlflow.onnx, numpy as np, onnx, onnxruntime as ort
+from mlflow.models import infer_signature
+mlflow.set_tracking_uri({uri!r})
+experiment = mlflow.create_experiment("serving-bench", artifact_location={(store / 'artifacts').as_uri()!r})
+sample = np.load({str(store / 'sample.npy')!r})
+out = ort.InferenceSession({str(model.path)!r}, providers=["CPUExecutionProvider"]).run(None, {{{model.input_name!r}: sample}})
+with mlflow.start_run(experiment_id=experiment):
+    mlflow.onnx.log_model(onnx.load({str(model.path)!r}), name="model", registered_model_name={model.key!r},
+                          signature=infer_signature({{{model.input_name!r}: sample}}, {{"logits": out[0]}}))
+"""
+    np.save(store / "sample.npy", model.sample)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    log(f"=== logging {model.path} with mlflow.onnx into {uri}")
+    subprocess.run([sys.executable, "-c", script], env=env, cwd=store, check=True, stdout=sys.stderr, stderr=sys.stderr)
+    port = free_port()
+    server = start("mlflow models serve", [str(BIN / "mlflow"), "models", "serve", "-m", f"models:/{model.key}/1",
+                                           "--env-manager", "local", "-p", str(port), "--host", "127.0.0.1"],
+                   env, store / "serve.log", "/ping", port)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# -- request bodies --------------------------------------------------------------------------
+
+
+@dataclass
+class Body:
+    label: str
+    path: str  # URL path
+    payload: bytes
+    headers: dict[str, str]
+
+
+def temper_binary_body(model: Model) -> Body:
+    data = np.ascontiguousarray(model.sample, dtype="<f4").tobytes()
+    head = json.dumps({"inputs": [{"name": model.input_name, "shape": list(model.sample.shape), "datatype": "FP32",
+                                   "parameters": {"binary_data_size": len(data)}}],
+                       "parameters": {"binary_data_output": True}}, separators=(",", ":")).encode()
+    return Body("binary", f"/v2/models/{model.key}/infer", head + data,
+                {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))})
+
+
+def temper_json_body(model: Model) -> Body:
+    flat = np.asarray(model.json_values).ravel().tolist()
+    payload = json.dumps({"inputs": [{"name": model.input_name, "shape": list(model.sample.shape), "datatype": "FP32",
+                                      "data": flat}]}, separators=(",", ":")).encode()
+    return Body("json", f"/v2/models/{model.key}/infer", payload, {"Content-Type": "application/json"})
+
+
+def mlflow_body(model: Model) -> Body:
+    payload = json.dumps({"inputs": {model.input_name: model.json_values}}, separators=(",", ":")).encode()
+    return Body("json", "/invocations", payload, {"Content-Type": "application/json"})
+
+
+def check(server: Server, body: Body, expected: np.ndarray) -> None:
+    """One request through the server; its logits must match in-process ORT."""
+    status, headers, raw = request(server.port, "POST", body.path, body.payload, body.headers)
+    if status != 200:
+        raise SystemExit(f"error: {server.name} answered {status}: {raw[:500]!r}")
+    if "inference-header-content-length" in headers:
+        n = int(headers["inference-header-content-length"])
+        head = json.loads(raw[:n])
+        got = np.frombuffer(raw[n:], dtype="<f4").reshape(head["outputs"][0]["shape"])
+    else:
+        reply = json.loads(raw)
+        if "outputs" in reply:
+            got = np.asarray(reply["outputs"][0]["data"], dtype=np.float32).reshape(reply["outputs"][0]["shape"])
+        else:  # mlflow: {"predictions": {"logits": [[...]]}}
+            predictions = reply["predictions"]
+            got = np.asarray(predictions["logits"] if isinstance(predictions, dict) else predictions, dtype=np.float32)
+    if not np.allclose(got.reshape(expected.shape), expected, rtol=1e-3, atol=1e-4):
+        raise SystemExit(f"error: {server.name} ({body.label}) returned {got.ravel()[:5]}, expected {expected.ravel()[:5]}")
+
+
+# -- load generator --------------------------------------------------------------------------
+
+LUA = """\
+local f = assert(io.open({body!r}, "rb"))
+wrk.method = "POST"
+wrk.body = f:read("*a")
+f:close()
+{headers}
+local n = 0
+function response(status, headers, body)
+  n = n + 1
+  if n == {cap} then io.write("LIMIT\\n"); io.flush(); wrk.thread:stop() end
+end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('RESULT {{"requests":%d,"duration_us":%d,"connect":%d,"read":%d,"write":%d,"status":%d,' ..
+    '"timeout":%d,"p50_us":%d,"p99_us":%d}}\\n', summary.requests, summary.duration, e.connect, e.read, e.write,
+    e.status, e.timeout, latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+@dataclass
+class Point:
+    requests: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    avg_batch: float | None = None
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+def wrk(port: int, body: Body, concurrency: int, duration: float, cap: int, workdir: Path) -> Point:
+    """One closed-loop wrk run: `concurrency` connections, one thread, until `duration` s or `cap` responses."""
+    body_file = workdir / f"body-{port}-{body.label}.bin"
+    body_file.write_bytes(body.payload)
+    script = workdir / f"wrk-{port}-{body.label}.lua"
+    headers = "\n".join(f"wrk.headers[{k!r}] = {v!r}" for k, v in body.headers.items())
+    script.write_text(LUA.format(body=str(body_file), headers=headers, cap=cap))
+    cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(duration))}s", "--timeout", "10s", "--latency",
+           "-s", str(script), f"http://127.0.0.1:{port}{body.path}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    result, lines = None, []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if line.strip() == "LIMIT":
+            proc.send_signal(signal.SIGINT)  # wrk then reports on the time actually elapsed
+        elif line.startswith("RESULT "):
+            result = json.loads(line[len("RESULT "):])
+    proc.wait()
+    if result is None:
+        raise SystemExit("error: wrk gave no result:\n" + "".join(lines))
+    kinds = {k: result[k] for k in ("connect", "read", "write", "status", "timeout") if result[k]}
+    return Point(result["requests"], result["duration_us"] / 1e6, result["p50_us"] / 1e3, result["p99_us"] / 1e3,
+                 sum(kinds.values()), kinds)
+
+
+def metrics(port: int) -> dict[str, float]:
+    _, _, raw = request(port, "GET", "/metrics")
+    values = {}
+    for line in raw.decode().splitlines():
+        match = re.match(r"^(nv_\w+)\{[^}]*\} (\S+)$", line)
+        if match:
+            values[match.group(1)] = float(match.group(2))
+    return values
+
+
+def measured(server: Server, body: Body, concurrency: int, args: argparse.Namespace, workdir: Path,
+             with_metrics: bool) -> Point:
+    before = metrics(server.port) if with_metrics else None
+    point = wrk(server.port, body, concurrency, args.duration, args.max_requests, workdir)
+    if before is not None:
+        after = metrics(server.port)
+        executions = after["nv_inference_exec_count"] - before["nv_inference_exec_count"]
+        if executions:
+            point.avg_batch = (after["nv_inference_count"] - before["nv_inference_count"]) / executions
+    log(f"  {server.name} [{body.label}] c={concurrency}: {point.rps:,.0f} req/s p50 {point.p50_ms:.2f} ms "
+        f"p99 {point.p99_ms:.2f} ms errors {point.errors}" + (f" avg batch {point.avg_batch:.2f}" if point.avg_batch else ""))
+    return point
+
+
+# -- one model -------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelResult:
+    model: Model
+    bundle_max_batch: int
+    ceiling_before: dict[int, float]
+    ceiling_after: dict[int, float] = field(default_factory=dict)
+    rows: dict[tuple[str, int], Point] = field(default_factory=dict)
+    rss: list[tuple[str, int, Point | None]] = field(default_factory=list)
+    load: list[float] = field(default_factory=list)
+
+    @property
+    def ceiling(self) -> dict[int, float]:
+        return {b: max(self.ceiling_before[b], self.ceiling_after.get(b, 0.0)) for b in self.ceiling_before}
+
+    @property
+    def denominator(self) -> float:
+        return self.ceiling[self.bundle_max_batch]
+
+
+def bench_model(model: Model, args: argparse.Namespace, base: Path, rss_check: bool) -> ModelResult:
+    log(f"=== {model.key}: (c) ONNX Runtime ceiling, {args.ceiling_duration:g} s per batch size")
+    result = ModelResult(model, args.max_batch, ceiling(model, args.ceiling_duration))
+    model.batch1_ms = 1000 / result.ceiling_before[1]
+    log("  " + ", ".join(f"b{b}: {v:,.0f}/s" for b, v in result.ceiling_before.items()))
+    bundle = make_bundle(model, base / "bundles" / model.key, args.max_batch, args.max_delay_ms)
+    expected = reference(model)
+    workdir = base / "wrk"
+    workdir.mkdir(exist_ok=True)
+    binary, plain, mlflow_json = temper_binary_body(model), temper_json_body(model), mlflow_body(model)
+    with temper_server(bundle, base) as temper, mlflow_server(model, base) as mlflow:
+        result.rss.append(("after start (warm-up only)", temper.rss_kib(), None))
+        check(temper, binary, expected)
+        check(temper, plain, expected)
+        check(mlflow, mlflow_json, expected)
+        for server, body in ((temper, binary), (mlflow, mlflow_json)):  # warm both paths, results dropped
+            wrk(server.port, body, 8, 2, args.max_requests, workdir)
+        for concurrency in args.concurrency:  # interleaved, so drifting background load hits every column alike
+            result.load.append(os.getloadavg()[0])
+            result.rows[("a", concurrency)] = measured(temper, binary, concurrency, args, workdir, True)
+            if not args.no_json_rows:
+                result.rows[("a-json", concurrency)] = measured(temper, plain, concurrency, args, workdir, True)
+            result.rows[("b", concurrency)] = measured(mlflow, mlflow_json, concurrency, args, workdir, False)
+        mlflow.stop()
+        if rss_check:
+            result.rss.append(("after the benchmark points", temper.rss_kib(), None))
+            for i in (1, 2):
+                log(f"=== {model.key}: RSS check, run {i}: {args.rss_requests:,} requests at concurrency 32")
+                point = wrk(temper.port, binary, 32, args.rss_timeout, args.rss_requests, workdir)
+                result.rss.append((f"after {i * args.rss_requests // 1000}k more requests", temper.rss_kib(), point))
+                log(f"  {point.requests:,} requests in {point.seconds:.1f} s, errors {point.errors}, VmRSS {result.rss[-1][1]:,} KiB")
+    log(f"=== {model.key}: (c) again")
+    result.ceiling_after = ceiling(model, args.ceiling_duration)
+    log("  " + ", ".join(f"b{b}: {v:,.0f}/s" for b, v in result.ceiling_after.items()))
+    return result
+
+
+# -- report ----------------------------------------------------------------------------------
+
+LABELS = {"a": "(a) temper serve, binary", "a-json": "(a) temper serve, JSON", "b": "(b) mlflow models serve"}
+
+
+def table(result: ModelResult) -> str:
+    m = result.model
+    denom = result.denominator
+    lines = [f"### {m.key}: {m.note}", "",
+             f"Batch-1 ONNX Runtime latency {m.batch1_ms:.3f} ms. Bundle: max_batch_size {result.bundle_max_batch}, "
+             f"max_delay_ms {ARGS.max_delay_ms:g}. Ratios are to (c) at batch {result.bundle_max_batch} = "
+             f"{denom:,.0f} samples/s. 1-min load average at each concurrency's start: "
+             + ", ".join(f"{x:.2f}" for x in result.load) + ".", "",
+             "| server | clients | req/s | ratio to (c) | x (b) | p50 ms | p99 ms | errors | avg batch |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for kind in ("a", "a-json", "b"):
+        for c in ARGS.concurrency:
+            p = result.rows.get((kind, c))
+            if p is None:
+                continue
+            b = result.rows[("b", c)]
+            vs_b = f"{p.rps / b.rps:.2f}x" if kind != "b" and b.rps else ""
+            errors = str(p.errors) + (f" ({', '.join(f'{k} {v}' for k, v in p.error_kinds.items())})" if p.errors else "")
+            batch = f"{p.avg_batch:.2f}" if p.avg_batch is not None else ""
+            lines.append(f"| {LABELS[kind]} | {c} | {p.rps:,.0f} | {p.rps / denom:.2f}x | {vs_b} | {p.p50_ms:.2f} | "
+                         f"{p.p99_ms:.2f} | {errors} | {batch} |")
+    lines += ["", f"(c) in-process ONNX Runtime, {machine_info['cores']} intra-op threads, no HTTP (samples/s; "
+              "before / after the HTTP points; the higher is the ceiling):", "",
+              "| batch | before | after | ceiling |", "|---:|---:|---:|---:|"]
+    for b in CEILING_BATCHES:
+        mark = " **(denominator)**" if b == result.bundle_max_batch else ""
+        lines.append(f"| {b}{mark} | {result.ceiling_before[b]:,.0f} | {result.ceiling_after[b]:,.0f} | {result.ceiling[b]:,.0f} |")
+    if result.rss:
+        lines += ["", "RSS of the temper server (VmRSS):", ""]
+        first = result.rss[0][1]
+        for label, kib, point in result.rss:
+            extra = (f" ({point.requests:,} requests in {point.seconds:.0f} s = {point.rps:,.0f} req/s, "
+                     f"errors {point.errors})") if point else ""
+            lines.append(f"- {label}: {kib / 1024:.1f} MiB ({(kib - first) / 1024:+.1f} MiB){extra}")
+    return "\n".join(lines)
+
+
+def targets(results: dict[str, ModelResult]) -> str:
+    lines = ["### Targets", ""]
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "**missed**"
+
+    heavy = results.get("heavy")
+    if heavy:
+        for c in [c for c in ARGS.concurrency if c >= 32]:
+            a, b = heavy.rows[("a", c)], heavy.rows[("b", c)]
+            ra, rb = a.rps / heavy.denominator, a.rps / b.rps if b.rps else float("inf")
+            lines.append(f"- heavy, {c} clients: temper {ra:.2f}x of (c) (target >= 0.8: {verdict(ra >= 0.8)}), "
+                         f"{rb:.2f}x of (b) (target >= 2: {verdict(rb >= 2)})")
+    digits = results.get("digits")
+    if digits:
+        for c in ARGS.concurrency:
+            a, b = digits.rows[("a", c)], digits.rows[("b", c)]
+            rb = a.rps / b.rps if b.rps else float("inf")
+            lines.append(f"- digits, {c} clients: temper (binary) {rb:.2f}x of (b) (target >= 3: {verdict(rb >= 3)})")
+    for key, result in results.items():
+        if len(result.rss) >= 4:
+            (_, r1, _), (_, r2, _) = result.rss[-2], result.rss[-1]
+            growth = (r2 - r1) / 1024
+            lines.append(f"- {key}: RSS over the second {ARGS.rss_requests // 1000}k requests {growth:+.1f} MiB "
+                         f"({verdict(abs(growth) < 5)}: flat means within 5 MiB)")
+    return "\n".join(lines)
+
+
+# -- main ------------------------------------------------------------------------------------
+
+ARGS: argparse.Namespace
+machine_info: dict[str, Any]
+
+
+def main(argv: list[str] | None = None) -> int:
+    global ARGS, machine_info
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out-base", type=Path, help="folder for models, bundles, stores and logs (default: a new temp dir, kept)")
+    parser.add_argument("--models", default="digits,heavy", help="comma-separated: digits, heavy")
+    parser.add_argument("--concurrency", default="1,8,32,64", help="closed-loop client counts")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per load point")
+    parser.add_argument("--max-requests", type=int, default=500_000, help="responses per load point at most")
+    parser.add_argument("--ceiling-duration", type=float, default=3.0, help="seconds per (c) batch size")
+    parser.add_argument("--max-batch", type=int, default=16, help="bundles' max_batch_size, and (c)'s denominator batch")
+    parser.add_argument("--max-delay-ms", type=float, default=10.0, help="bundles' max_delay_ms")
+    parser.add_argument("--rss-model", default="digits", help="model whose temper server gets the RSS check ('' = none)")
+    parser.add_argument("--rss-requests", type=int, default=100_000, help="requests per RSS run (two runs)")
+    parser.add_argument("--rss-timeout", type=float, default=300.0, help="seconds an RSS run may take at most")
+    parser.add_argument("--no-json-rows", action="store_true", help="skip the temper-with-JSON-body rows")
+    parser.add_argument("--load-threshold", type=float, default=1.5)
+    parser.add_argument("--max-wait", type=float, default=300.0, help="seconds to wait for the load to drop")
+    ARGS = args = parser.parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    if args.max_batch not in CEILING_BATCHES:
+        parser.error(f"--max-batch must be one of {CEILING_BATCHES} (the batch sizes (c) measures)")
+    if shutil.which("wrk") is None:
+        print("error: wrk not found; install it (Debian: apt-get install -y wrk)", file=sys.stderr)
+        return 3
+    base = (args.out_base or Path(tempfile.mkdtemp(prefix="temper-serving-bench-"))).resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    log(f"outputs: {base}")
+    machine_info = machine()
+
+    builders = {"digits": build_digits, "heavy": build_heavy}
+    models = [builders[key.strip()](base) for key in args.models.split(",") if key.strip()]
+    asked, load, waited = wait_for_quiet(args.load_threshold, args.max_wait)
+    busy = top_processes()
+    results = {}
+    for model in models:
+        results[model.key] = bench_model(model, args, base, model.key == args.rss_model)
+
+    i = machine_info
+    print(f"## Serving benchmark\n\n**Machine:** {i['cpu']}, {i['cores']} cores, onnxruntime {i['ort']}, "
+          f"mlflow {i['mlflow']}, Python {i['python']}, {i['date']}. Load generator: wrk, 1 thread, closed loop on "
+          f"127.0.0.1, {args.duration:g} s per point (at most {args.max_requests:,} requests). 1-min load average "
+          f"{asked:.2f} when started, {load:.2f} when measuring began (waited {waited:.0f} s; busiest processes then: {busy}); "
+          f"the client shares the {i['cores']} cores with the server.\n")
+    for result in results.values():
+        print(table(result) + "\n")
+    print(targets(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

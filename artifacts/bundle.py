@@ -69,11 +69,17 @@ def config_for(model_path: Path, name: str, **serving: object) -> ServingConfig:
 
 
 def write(dest: Path, model_path: Path, config: ServingConfig, extras: list[Path] = ()) -> Path:
-    """Assemble a bundle folder (model, external data beside it, runtime.json, extras)."""
+    """Assemble a bundle folder (model as model.onnx, its external data, runtime.json, extras)."""
     dest.mkdir(parents=True, exist_ok=True)
-    for item in model_path.parent.iterdir():
-        if item.name == model_path.name or item.name.startswith(model_path.name + "."):
-            shutil.copy2(item, dest / item.name.replace(model_path.name, MODEL, 1))
+    if model_path.name == MODEL:
+        for item in model_path.parent.iterdir():  # external data keeps the name the graph refers to
+            if item.name == MODEL or item.name.startswith(MODEL + "."):
+                shutil.copy2(item, dest / item.name)
+    else:  # re-save, so any external data is renamed together with the references to it
+        model = onnx.load(str(model_path))
+        large = any(t.data_location == onnx.TensorProto.EXTERNAL for t in
+                    onnx.load(str(model_path), load_external_data=False).graph.initializer)
+        onnx.save_model(model, str(dest / MODEL), save_as_external_data=large, location=MODEL + ".data" if large else None)
     (dest / CONFIG).write_text(config.model_dump_json(indent=2) + "\n")
     for extra in extras:
         shutil.copy2(extra, dest / extra.name)

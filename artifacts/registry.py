@@ -42,35 +42,40 @@ class Published:
     uri: str
 
 
-def publish(
+def record_run(
     client: MlflowClient,
     *,
     experiment: str,
-    name: str,
-    alias: str,
+    run_name: str,
     params: dict[str, Any],
     metrics: dict[str, float],
     output_folder: Path,
-    bundle: Path,
     tags: dict[str, str],
-) -> Published:
-    """Log the run, then register the bundle (or reuse the version holding the same model and recipe)."""
+    bundle: Path | None,
+) -> tuple[str, str | None]:
+    """One MLflow run per temper run, gates passed or not; the serving bundle is logged as a pyfunc
+    model only when there is one to ship. Returns (run id, model URI or None)."""
     from artifacts.pyfunc import log_bundle
 
-    experiment_id = _experiment(client, experiment)
-    with mlflow.start_run(experiment_id=experiment_id, run_name=name) as run:
+    with mlflow.start_run(experiment_id=_experiment(client, experiment), run_name=run_name) as run:
         mlflow.log_params({_key(k): _value(v) for k, v in params.items()})
         mlflow.log_metrics({_key(k): float(v) for k, v in metrics.items()})
         mlflow.set_tags({f"temper.{k}": v for k, v in tags.items()})
         mlflow.log_artifacts(str(output_folder), artifact_path="output")
-        info = log_bundle(bundle, name="model")
+        model_uri = log_bundle(bundle, name="model").model_uri if bundle is not None else None
+    return run.info.run_id, model_uri
+
+
+def register(client: MlflowClient, *, name: str, alias: str, run_id: str, model_uri: str, tags: dict[str, str]) -> Published:
+    """Register the logged model (or reuse the version holding the same model and recipe) and move the alias.
+    Called only after every artifact is logged, so an interruption never leaves a half-made version."""
     existing = _same_version(client, name, tags["model_sha256"], tags["recipe_sha256"])
     if existing is not None:
         client.set_registered_model_alias(name, alias, existing)
-        return Published(name, existing, alias, run.info.run_id, True, f"models:/{name}@{alias}")
-    version = mlflow.register_model(info.model_uri, name, tags=tags)
+        return Published(name, existing, alias, run_id, True, f"models:/{name}@{alias}")
+    version = mlflow.register_model(model_uri, name, tags=tags)
     client.set_registered_model_alias(name, alias, version.version)
-    return Published(name, str(version.version), alias, run.info.run_id, False, f"models:/{name}@{alias}")
+    return Published(name, str(version.version), alias, run_id, False, f"models:/{name}@{alias}")
 
 
 def _experiment(client: MlflowClient, name: str) -> str:

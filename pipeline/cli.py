@@ -22,7 +22,7 @@ from pipeline.cache import StepCache, default_root
 from pipeline.errors import TemperError
 from pipeline.loading import load_recipe
 from pipeline.recipe import Recipe
-from pipeline.runner import ModelRecord, RunResult, Runner
+from pipeline.runner import ModelRecord, Runner, RunResult
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Recipes in, optimized and gated ONNX models out.")
 out = Console()
@@ -111,12 +111,12 @@ def run(
     out.print(f"wrote {_shown(target)} in {time.perf_counter() - begin:.1f}s")
     code = _gate_exit(verdict, require)
     if loaded.recipe.publish is not None:
-        if code != 0:
-            err.print("nothing published: the gates did not hold")
-        else:
-            from pipeline.publishing import publish_selected
+        from pipeline.publishing import publish_run
 
-            done = publish_selected(loaded, target, verdict, tracking_uri)
+        done = publish_run(loaded, target, verdict, tracking_uri)
+        if done is None:
+            err.print("nothing published: the gates did not hold (the run is recorded in MLflow)")
+        else:
             how = f"reused version {done.version} (same model and recipe)" if done.reused else f"registered version {done.version}"
             out.print(Text.assemble(("published: ", "green"), f"{done.uri} -> {done.name} {how}"), soft_wrap=True)
     raise typer.Exit(code)
@@ -130,7 +130,8 @@ def promote(
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Move an alias (e.g. champion) to a registered version."""
-    from artifacts.registry import connect, promote as move_alias
+    from artifacts.registry import connect
+    from artifacts.registry import promote as move_alias
     from pipeline.errors import RecipeError, first_line
 
     try:
@@ -251,6 +252,36 @@ def serve(
         out.print(f"serving {name} ({runtime.engine}) at http://{host}:{port}/v2/models/{name} once warm "
                   f"(GET /v2/health/ready answers 200); Ctrl-C stops", soft_wrap=True)
         run_server(runtime, host, port, int(max_body_mb * 1024 * 1024))
+
+
+@app.command("export-triton")
+def export_triton(
+    model: Annotated[str, typer.Argument(help="a serving bundle folder or models:/NAME@ALIAS")],
+    dest: Annotated[Path, typer.Option("--dest", help="Triton model repository to write into")],
+    instances: Annotated[int, typer.Option("--instances", min=1, help="model instances per device")] = 1,
+    kind: Annotated[str, typer.Option("--kind", help="KIND_AUTO, KIND_GPU or KIND_CPU")] = "KIND_AUTO",
+    tracking_uri: TrackingOpt = None,
+) -> None:
+    """Write a Triton model repository (config.pbtxt with dynamic batching and warm-up) for a published model."""
+    import tempfile
+
+    from artifacts.registry import connect, fetch_bundle, resolve_version
+    from artifacts.triton import export_repository
+    from pipeline.errors import RecipeError, first_line
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            folder = Path(model)
+            if model.startswith("models:/"):
+                name, version = resolve_version(connect(tracking_uri), model)
+                folder = fetch_bundle(f"models:/{name}/{version}", Path(tmp) / "bundle")
+            written = export_repository(folder, dest, instances=instances, kind=kind)
+        except Exception as exc:  # not a bundle, an unknown name or alias, a bad --kind
+            raise RecipeError(model, "MODEL", first_line(exc)) from exc
+    out.print(f"wrote Triton model {written.name} to {dest}:")
+    for item in sorted(written.rglob("*")):
+        if item.is_file():
+            out.print(f"  {item.relative_to(dest)}  {item.stat().st_size:,} bytes")
 
 
 def _progress() -> Progress:

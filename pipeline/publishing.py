@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from artifacts import bundle
-from artifacts.registry import Published, connect, publish
+from artifacts.registry import Published, connect, record_run, register
 from pipeline.cache import MODEL_FILE
 from pipeline.errors import EnvironmentProblem, first_line
 from pipeline.loading import LoadedRecipe
@@ -59,31 +59,41 @@ def metrics_of(report: dict[str, Any]) -> dict[str, float]:
     return found
 
 
-def publish_selected(loaded: LoadedRecipe, folder: Path, report: dict[str, Any], tracking: str | None) -> Published:
-    """Register the selected candidate of a passed run, with its serving runtime configuration."""
+def publish_run(loaded: LoadedRecipe, folder: Path, report: dict[str, Any], tracking: str | None) -> Published | None:
+    """Record the run in MLflow; when a candidate was selected, register it with its serving runtime."""
     spec = loaded.recipe.publish
+    assert spec is not None
     selected = report["selected"]
-    assert spec is not None and selected is not None
-    model = folder / selected / MODEL_FILE
-    gates = report["candidates"][selected]["gates"]
-    validated_on = loaded.recipe.validation.throughput.providers[0] if loaded.recipe.validation.throughput else "cpu"
-    tags = {
-        "candidate": selected,
-        "precision": precision(loaded, selected),
-        "provider": validated_on,
-        "recipe": loaded.recipe.name,
-        "recipe_sha256": loaded.sha256,
-        "model_sha256": sha256_file(model),
-        "gates": ", ".join(f"{g['name']}={'pass' if g['passed'] else 'FAIL'}" for g in gates),
-        **{f"{lib}_version": importlib.metadata.version(lib) for lib in ("onnxruntime", "onnx", "temper-ml")},
-    }
-    config = bundle.config_for(model, spec.mlflow.registered_model, **spec.serving.model_dump())
+    tags = {"recipe": loaded.recipe.name, "recipe_sha256": loaded.sha256, "passed": str(report["passed"]).lower(),
+            **{f"{lib}_version": importlib.metadata.version(lib) for lib in ("onnxruntime", "onnx", "temper-ml")}}
     try:
         client = connect(tracking)
         with tempfile.TemporaryDirectory() as tmp:
-            packed = bundle.write(Path(tmp) / "bundle", model, config, [folder / "report.json", folder / MANIFEST])
-            return publish(client, experiment=spec.mlflow.experiment, name=spec.mlflow.registered_model,
-                           alias=spec.mlflow.alias, params=flatten(loaded.recipe.model_dump(mode="json", by_alias=True)), metrics=metrics_of(report),
-                           output_folder=folder, bundle=packed, tags=tags)
+            packed = None
+            if selected is not None:
+                model = folder / selected / MODEL_FILE
+                tags |= _version_tags(loaded, report, selected, model)
+                config = bundle.config_for(model, spec.mlflow.registered_model, **spec.serving.model_dump())
+                packed = bundle.write(Path(tmp) / "bundle", model, config, [folder / "report.json", folder / MANIFEST])
+            run_id, model_uri = record_run(
+                client, experiment=spec.mlflow.experiment, run_name=spec.mlflow.registered_model,
+                params=flatten(loaded.recipe.model_dump(mode="json", by_alias=True)), metrics=metrics_of(report),
+                output_folder=folder, tags=tags, bundle=packed)
+        if model_uri is None:
+            return None
+        return register(client, name=spec.mlflow.registered_model, alias=spec.mlflow.alias, run_id=run_id,
+                        model_uri=model_uri, tags=tags)
     except Exception as exc:  # an unreachable tracking server, a registry that refuses: environment
         raise EnvironmentProblem(f"publishing to MLflow failed: {first_line(exc)}") from exc
+
+
+def _version_tags(loaded: LoadedRecipe, report: dict[str, Any], selected: str, model: Path) -> dict[str, str]:
+    validation = loaded.recipe.validation
+    gates = report["candidates"][selected]["gates"]
+    return {
+        "candidate": selected,
+        "precision": precision(loaded, selected),
+        "provider": validation.throughput.providers[0] if validation and validation.throughput else "cpu",
+        "model_sha256": sha256_file(model),
+        "gates": ", ".join(f"{g['name']}={'pass' if g['passed'] else 'FAIL'}" for g in gates),
+    }

@@ -6,10 +6,9 @@ Deterministic: fixed seeds, one thread, deterministic algorithms. Run: python re
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from digits_data import test, train
 from digits_model import CHECKPOINT, DigitsCNN
+from torch import nn
 
 
 def main(epochs: int = 30) -> None:

@@ -11,30 +11,9 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import onnxruntime as ort
-import pytest
-import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import REPO
-
-
-@pytest.fixture(scope="module")
-def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("publish-cache")
-
-
-@pytest.fixture
-def digits(digits_dir: Path, shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("TEMPER_CACHE_DIR", str(shared_cache))
-    recipe = digits_dir / "digits-cnn.yaml"
-    _edit(recipe, lambda d: d["validate"]["throughput"].update(duration_s=0.6, warmup_s=0.1, min_speedup=0.8))
-    return recipe
-
-
-def _edit(recipe: Path, change) -> None:
-    data = yaml.safe_load(recipe.read_text())
-    change(data)
-    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+from tests.conftest import edit_recipe
 
 
 def _client(uri: str) -> MlflowClient:
@@ -42,9 +21,9 @@ def _client(uri: str) -> MlflowClient:
     return MlflowClient(uri, uri)
 
 
-def test_publish_registers_the_selected_candidate_once(temper, digits, tmp_path, tracking_store):
+def test_publish_registers_the_selected_candidate_once(temper, gated_digits, tmp_path, tracking_store):
     out = tmp_path / "out"
-    result = temper("run", digits, "--output", out)
+    result = temper("run", gated_digits, "--output", out)
     assert result.code == 0, result.stderr
     assert "published: models:/digits-cnn@candidate -> digits-cnn registered version 1" in result.stdout
     report = json.loads((out / "report.json").read_text())
@@ -62,7 +41,7 @@ def test_publish_registers_the_selected_candidate_once(temper, digits, tmp_path,
     logged = {a.path for a in client.list_artifacts(version.run_id, "output")}
     assert {"output/report.json", "output/manifest.json", "output/junit.xml"} <= logged
 
-    again = temper("run", digits, "--output", tmp_path / "again")
+    again = temper("run", gated_digits, "--output", tmp_path / "again")
     assert again.code == 0 and "reused version 1 (same model and recipe)" in again.stdout
     assert len(client.search_model_versions("name='digits-cnn'")) == 1
 
@@ -81,15 +60,19 @@ def test_publish_registers_the_selected_candidate_once(temper, digits, tmp_path,
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), session.run(None, {"pixels": images})[0], rtol=1e-5, atol=1e-5)
 
 
-def test_failing_gate_publishes_nothing(temper, digits, tmp_path, tracking_store):
-    _edit(digits, lambda d: d["validate"]["throughput"].update(min_speedup=50.0))
-    result = temper("run", digits, "--output", tmp_path / "out")
+def test_failing_gate_publishes_nothing(temper, gated_digits, tmp_path, tracking_store):
+    edit_recipe(gated_digits, lambda d: d["validate"]["throughput"].update(min_speedup=50.0))
+    result = temper("run", gated_digits, "--output", tmp_path / "out")
     assert result.code == 1 and "nothing published" in result.stderr
-    assert _client(tracking_store).search_registered_models() == []
+    client = _client(tracking_store)
+    assert client.search_registered_models() == []
+    runs = client.search_runs([client.get_experiment_by_name("temper").experiment_id])
+    assert len(runs) == 1 and runs[0].data.tags["temper.passed"] == "false"  # recorded, not registered
+    assert "int8-dynamic.cpu.b32.speedup" in runs[0].data.metrics
 
 
-def test_promote_and_pull(temper, digits, tmp_path, tracking_store):
-    assert temper("run", digits, "--output", tmp_path / "out").code == 0
+def test_promote_and_pull(temper, gated_digits, tmp_path, tracking_store):
+    assert temper("run", gated_digits, "--output", tmp_path / "out").code == 0
     promoted = temper("promote", "digits-cnn", "1", "--alias", "champion")
     assert promoted.code == 0
     assert str(_client(tracking_store).get_model_version_by_alias("digits-cnn", "champion").version) == "1"
@@ -103,3 +86,50 @@ def test_promote_and_pull(temper, digits, tmp_path, tracking_store):
     config = json.loads((dest / "runtime.json").read_text())
     assert config["name"] == "digits-cnn" and config["max_batch_size"] == 16
     assert temper("pull", "models:/digits-cnn@nobody", "--dest", tmp_path / "x").code == 2
+
+    # The pulled folder is all a serving team needs: Triton export and temper serve, no registry.
+    exported = temper("export-triton", dest, "--dest", tmp_path / "repo")
+    assert exported.code == 0, exported.stderr
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    parsed = text_format.Parse((tmp_path / "repo" / "digits-cnn" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert parsed.max_batch_size == 16 and parsed.dynamic_batching.max_queue_delay_microseconds == 10_000
+    _serve_and_check(dest, tmp_path)
+
+
+def _serve_and_check(bundle: Path, tmp_path: Path) -> None:
+    import http.client
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    server = subprocess.Popen([str(Path(sys.executable).parent / "temper"), "serve", str(bundle), "--port", str(port)],
+                              env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/v2/health/ready")
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            raise AssertionError(f"server never became ready: {server.stderr.read1().decode() if server.poll() is not None else ''}")
+        image = np.random.default_rng(1).random((1, 1, 8, 8), dtype=np.float32)
+        body = json.dumps({"inputs": [{"name": "pixels", "shape": [1, 1, 8, 8], "datatype": "FP32",
+                                       "data": image.ravel().tolist()}]})
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("POST", "/v2/models/digits-cnn/infer", body, {"Content-Type": "application/json"})
+        reply = json.loads(conn.getresponse().read())
+        got = np.asarray(reply["outputs"][0]["data"], dtype=np.float32).reshape(reply["outputs"][0]["shape"])
+        want = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, {"pixels": image})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -9,33 +9,22 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import yaml
 
 from pipeline.onnx_io import sha256_file
-
-
-@pytest.fixture(scope="module")
-def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("shared-cache")
+from tests.conftest import edit_recipe
 
 
 @pytest.fixture
-def digits(digits_dir: Path, shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def digits(digits_dir: Path, module_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The digits recipe without its gates and publishing: these tests are about building."""
-    monkeypatch.setenv("TEMPER_CACHE_DIR", str(shared_cache))  # tests here build on each other's cache
+    monkeypatch.setenv("TEMPER_CACHE_DIR", str(module_cache))  # tests here build on each other's cache
     recipe = digits_dir / "digits-cnn.yaml"
-    _edit(recipe, lambda d: [d.pop(key) for key in ("validate", "select", "publish")])
+    edit_recipe(recipe, lambda d: [d.pop(key) for key in ("validate", "select", "publish")])
     return recipe
 
 
 def _manifest(out: Path) -> dict:
     return json.loads((out / "manifest.json").read_text())
-
-
-def _edit(recipe: Path, change) -> None:
-    data = yaml.safe_load(recipe.read_text())
-    change(data)
-    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def _test_images() -> tuple[np.ndarray, np.ndarray]:
@@ -87,7 +76,7 @@ def test_rerun_reuses_every_step_and_one_change_rebuilds_only_downstream(temper,
     first_hashes = {m["id"]: m["sha256"] for m in _manifest(tmp_path / "a")["models"]}
     assert first_hashes == {m["id"]: m["sha256"] for m in second["models"]}
 
-    _edit(digits, lambda d: d["candidates"]["int8-static"]["steps"][0]["quantize"].update(calibration="minmax"))
+    edit_recipe(digits, lambda d: d["candidates"]["int8-static"]["steps"][0]["quantize"].update(calibration="minmax"))
     assert temper("run", digits, "--output", tmp_path / "c").code == 0
     cached = {m["id"]: m["cached"] for m in _manifest(tmp_path / "c")["models"]}
     assert cached == {"source": True, "baseline/1-simplify": True, "fp16/1-fp16": True,
@@ -101,9 +90,9 @@ def test_no_cache_rebuilds_everything(temper, digits, tmp_path):
 
 def test_failed_candidate_is_reported_and_others_still_written(temper, digits, tmp_path):
     # A value FP16 cannot hold: the fp16 candidate must fail its NaN/Inf check, not pass quietly.
-    _edit(digits, lambda d: d["data"]["evaluation"].update(preprocess="huge.py:scale"))
+    edit_recipe(digits, lambda d: d["data"]["evaluation"].update(preprocess="huge.py:scale"))
     (digits.parent / "huge.py").write_text("def scale(cols):\n    return {'pixels': cols['pixels'] * 1e6}\n")
-    _edit(digits, lambda d: d["candidates"].update({"fp16": {"steps": [{"fp16": {"keep_io_types": True, "op_block_list": []}}]}}))
+    edit_recipe(digits, lambda d: d["candidates"].update({"fp16": {"steps": [{"fp16": {"keep_io_types": True, "op_block_list": []}}]}}))
     result = temper("run", digits, "--output", tmp_path / "out")
     assert result.code == 1
     assert "candidate fp16" in result.stderr

@@ -7,33 +7,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import jsonschema
-import pytest
-import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, edit_recipe
 
 SCHEMA = json.loads((REPO / "validators" / "report.schema.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("gate-cache")
-
-
-@pytest.fixture
-def digits(digits_dir: Path, shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("TEMPER_CACHE_DIR", str(shared_cache))
-    recipe = digits_dir / "digits-cnn.yaml"
-    # Quick, and a speed budget that holds on a loaded 2-core machine (INT8 static measures 1.6-2.5x
-    # when the machine is quiet); dynamic INT8 at 0.1-0.3x still fails it by far.
-    _edit(recipe, lambda d: d["validate"]["throughput"].update(duration_s=0.6, warmup_s=0.1, min_speedup=0.8))
-    return recipe
-
-
-def _edit(recipe: Path, change) -> None:
-    data = yaml.safe_load(recipe.read_text())
-    change(data)
-    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def _report(out: Path) -> dict:
@@ -47,9 +24,9 @@ def _junit_failures(out: Path) -> set[tuple[str, str]]:
     return {(case.get("classname"), case.get("name")) for case in root.iter("testcase") if case.find("failure") is not None}
 
 
-def test_sensible_budget_passes_and_selects_the_fastest_passing(temper, digits, tmp_path):
+def test_sensible_budget_passes_and_selects_the_fastest_passing(temper, gated_digits, tmp_path):
     out = tmp_path / "out"
-    result = temper("run", digits, "--output", out)
+    result = temper("run", gated_digits, "--output", out)
     assert result.code == 0, result.stderr
     report = _report(out)
     assert report["passed"] and report["metric"] == "top1"
@@ -70,10 +47,10 @@ def test_sensible_budget_passes_and_selects_the_fastest_passing(temper, digits, 
     assert "int8-dynamic" in (out / "report.md").read_text()
 
 
-def test_impossible_budget_fails_every_candidate_with_exit_1(temper, digits, tmp_path):
-    _edit(digits, lambda d: d["validate"]["throughput"].update(min_speedup=50.0))
+def test_impossible_budget_fails_every_candidate_with_exit_1(temper, gated_digits, tmp_path):
+    edit_recipe(gated_digits, lambda d: d["validate"]["throughput"].update(min_speedup=50.0))
     out = tmp_path / "out"
-    result = temper("run", digits, "--output", out)
+    result = temper("run", gated_digits, "--output", out)
     assert result.code == 1
     assert "no candidate passed every gate" in result.stderr
     report = _report(out)
@@ -83,14 +60,14 @@ def test_impossible_budget_fails_every_candidate_with_exit_1(temper, digits, tmp
         assert (f"digits-cnn.{name}", "throughput.cpu.b32") in failures
 
 
-def test_a_damaged_candidate_is_caught_by_the_accuracy_gate(temper, digits, tmp_path):
+def test_a_damaged_candidate_is_caught_by_the_accuracy_gate(temper, gated_digits, tmp_path):
     # Calibrating on 0..255 byte images for a model fed 0..1 floats: a classic preprocessing
     # mismatch. The ranges come out 255x too wide and INT8 resolution collapses.
-    (digits.parent / "raw.py").write_text("def unnormalised(cols):\n    return {'pixels': cols['pixels'] * 255.0}\n")
-    _edit(digits, lambda d: d["data"]["calibration"].update(preprocess="raw.py:unnormalised"))
-    _edit(digits, lambda d: d["candidates"]["int8-static"]["steps"][0]["quantize"].update(calibration="minmax", per_channel=False))
+    (gated_digits.parent / "raw.py").write_text("def unnormalised(cols):\n    return {'pixels': cols['pixels'] * 255.0}\n")
+    edit_recipe(gated_digits, lambda d: d["data"]["calibration"].update(preprocess="raw.py:unnormalised"))
+    edit_recipe(gated_digits, lambda d: d["candidates"]["int8-static"]["steps"][0]["quantize"].update(calibration="minmax", per_channel=False))
     out = tmp_path / "out"
-    result = temper("run", digits, "--output", out, "--require", "int8-static")
+    result = temper("run", gated_digits, "--output", out, "--require", "int8-static")
     assert result.code == 1
     report = _report(out)
     damaged = report["candidates"]["int8-static"]
@@ -100,12 +77,12 @@ def test_a_damaged_candidate_is_caught_by_the_accuracy_gate(temper, digits, tmp_
     assert ("digits-cnn.int8-static", "accuracy") in _junit_failures(out)
 
 
-def test_validate_regates_an_existing_folder_without_rebuilding(temper, digits, tmp_path):
+def test_validate_regates_an_existing_folder_without_rebuilding(temper, gated_digits, tmp_path):
     out = tmp_path / "out"
-    assert temper("run", digits, "--output", out).code == 0
+    assert temper("run", gated_digits, "--output", out).code == 0
     manifest_before = (out / "manifest.json").read_bytes()
-    _edit(digits, lambda d: d["validate"]["accuracy"].update(max_drop=0.0, metric="cosine"))
-    result = temper("validate", digits, "--output", out)
+    edit_recipe(gated_digits, lambda d: d["validate"]["accuracy"].update(max_drop=0.0, metric="cosine"))
+    result = temper("validate", gated_digits, "--output", out)
     report = _report(out)
     assert report["metric"] == "cosine" and report["allowed_drop"] == 0.0
     # INT8 embeddings are never bit-identical to FP32: a zero cosine budget fails them.
@@ -113,11 +90,11 @@ def test_validate_regates_an_existing_folder_without_rebuilding(temper, digits, 
     assert result.code == (0 if report["selected"] else 1)
     assert (out / "manifest.json").read_bytes() == manifest_before  # nothing rebuilt or rewritten
 
-    _edit(digits, lambda d: d["candidates"]["int8-static"]["steps"][0]["quantize"].update(per_channel=False))
-    refused = temper("validate", digits, "--output", out)
+    edit_recipe(gated_digits, lambda d: d["candidates"]["int8-static"]["steps"][0]["quantize"].update(per_channel=False))
+    refused = temper("validate", gated_digits, "--output", out)
     assert refused.code == 2 and "run `temper run` to rebuild" in refused.stderr
 
 
-def test_require_names_a_real_candidate(temper, digits, tmp_path):
-    result = temper("run", digits, "--output", tmp_path / "out", "--require", "int9")
+def test_require_names_a_real_candidate(temper, gated_digits, tmp_path):
+    result = temper("run", gated_digits, "--output", tmp_path / "out", "--require", "int9")
     assert result.code == 2 and "--require: no candidate named 'int9'" in result.stderr

@@ -11,6 +11,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import onnxruntime as ort
+import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import edit_recipe
@@ -130,6 +131,49 @@ def _serve_and_check(bundle: Path, tmp_path: Path) -> None:
         got = np.asarray(reply["outputs"][0]["data"], dtype=np.float32).reshape(reply["outputs"][0]["shape"])
         want = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, {"pixels": image})[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_mlflow_models_serve_runs_the_published_runtime(temper, gated_digits, tmp_path, tracking_store):
+    import http.client
+    import socket
+    import time
+
+    out = tmp_path / "out"
+    assert temper("run", gated_digits, "--output", out).code == 0
+    selected = json.loads((out / "report.json").read_text())["selected"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    venv_bin = str(Path(sys.executable).parent)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_store, "PATH": f"{venv_bin}:{os.environ['PATH']}"}
+    server = subprocess.Popen([f"{venv_bin}/mlflow", "models", "serve", "-m", "models:/digits-cnn@candidate",
+                               "--env-manager", "local", "-p", str(port), "--host", "127.0.0.1"],
+                              env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/ping")
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError("mlflow models serve never answered /ping")
+        images = np.random.default_rng(2).random((3, 1, 8, 8), dtype=np.float32)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/invocations", json.dumps({"inputs": {"pixels": images.tolist()}}),
+                     {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200
+        got = np.asarray(json.loads(response.read())["predictions"]["logits"], dtype=np.float32)
+        session = ort.InferenceSession(str(out / selected / "model.onnx"), providers=["CPUExecutionProvider"])
+        np.testing.assert_allclose(got, session.run(None, {"pixels": images})[0], rtol=1e-5, atol=1e-5)
     finally:
         server.terminate()
         server.wait(timeout=30)

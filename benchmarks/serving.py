@@ -38,10 +38,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Self
 
 import numpy as np
 
@@ -51,6 +52,7 @@ BIN = Path(sys.executable).parent
 DIGITS_RECIPE = ROOT / "recipes" / "digits-cnn.yaml"
 CEILING_BATCHES = (1, 8, 16, 32)
 SEED = 0
+HEAVY_WIDTH = 32  # channels of the heavy CNN's first stage: ~3 ms per batch-1 inference on a quiet 2-core EPYC VM
 
 
 def log(*parts: object) -> None:
@@ -139,7 +141,7 @@ def build_digits(base: Path) -> Model:
         env = {**os.environ, "TEMPER_CACHE_DIR": str(base / "cache"),
                "MLFLOW_TRACKING_URI": f"sqlite:///{base / 'temper-run-mlflow.db'}"}
         rc = subprocess.run([str(BIN / "temper"), "run", str(DIGITS_RECIPE), "--output", str(out)], cwd=base, env=env,
-                            stdout=sys.stderr, stderr=sys.stderr).returncode
+                            stdout=sys.stderr, stderr=sys.stderr, check=False).returncode
         if not model.is_file():
             raise SystemExit(f"error: temper run exited {rc} without {model}")
     sample, values = rounded_sample((1, 1, 8, 8), 16.0)
@@ -147,8 +149,9 @@ def build_digits(base: Path) -> Model:
 
 
 def build_heavy(base: Path) -> Model:
-    """A seeded ResNet-ish CNN (4 residual stages, widths 16-128) at 1x3x64x64, batch dim symbolic."""
-    path = base / "heavy" / "model.onnx"
+    """A seeded ResNet-ish CNN (4 residual stages, widths 32-256) at 1x3x64x64, batch dim symbolic."""
+    w = HEAVY_WIDTH
+    path = base / f"heavy-w{w}" / "model.onnx"
     if not path.is_file():
         import torch
         from torch import nn
@@ -165,7 +168,6 @@ def build_heavy(base: Path) -> Model:
                 return torch.relu(self.b2(self.c2(torch.relu(self.b1(self.c1(x))))) + self.skip(x))
 
         torch.manual_seed(SEED)
-        w = 16
         net = nn.Sequential(nn.Conv2d(3, w, 3, 1, 1, bias=False), nn.BatchNorm2d(w), nn.ReLU(),
                             Block(w, w, 1), Block(w, 2 * w, 2), Block(2 * w, 4 * w, 2), Block(4 * w, 8 * w, 2),
                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8 * w, 10)).eval()
@@ -177,7 +179,7 @@ def build_heavy(base: Path) -> Model:
             torch.onnx.export(net, torch.zeros(1, 3, 64, 64), str(path), input_names=["image"], output_names=["logits"],
                               dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17, dynamo=False)
     sample, values = rounded_sample((1, 3, 64, 64), 1.0)
-    return Model("heavy", path, "image", sample, values, "ResNet-ish CNN, 4 residual stages (16-128 channels), 1x3x64x64, seeded random weights")
+    return Model("heavy", path, "image", sample, values, f"ResNet-ish CNN, 4 residual stages ({w}-{8 * w} channels), 1x3x64x64, seeded random weights")
 
 
 def _input_name(path: Path) -> str:
@@ -200,7 +202,7 @@ def make_bundle(model: Model, dest: Path, max_batch: int, max_delay_ms: float) -
 # -- (c): the raw ONNX Runtime ceiling -------------------------------------------------------
 
 
-def ceiling(model: Model, duration: float) -> dict[str, dict[int, float]]:
+def ceiling(model: Model, duration: float, batches: tuple[int, ...] = CEILING_BATCHES) -> dict[str, dict[int, float]]:
     """Samples/s of one in-process session (intra_op threads = cores) per batch size, with ORT's default
     spinning intra-op threads ("spin") and with spinning off as temper's runtime sets it ("no spin")."""
     import onnxruntime as ort
@@ -212,7 +214,7 @@ def ceiling(model: Model, duration: float) -> dict[str, dict[int, float]]:
         options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
         session = ort.InferenceSession(str(model.path), options, providers=["CPUExecutionProvider"])
         result[label] = {}
-        for batch in CEILING_BATCHES:
+        for batch in batches:
             feed = {model.input_name: np.repeat(model.sample, batch, axis=0)}
             for _ in range(5):
                 session.run(None, feed)
@@ -230,16 +232,21 @@ def best(measures: list[dict[str, dict[int, float]]]) -> dict[int, float]:
 
 
 class CpuMeter:
-    """CPU that processes outside this script's process tree used while it was open, in % of one core
-    (200% = both cores of a 2-core machine): other work competing with the benchmark."""
+    """CPU used while it was open by every process except this script, the children it waited for
+    (wrk) and the process trees under `roots` (the server being measured), in % of one core (200% =
+    both cores of a 2-core machine): other work competing with the measurement, the idle server of
+    the other kind included."""
 
-    def __enter__(self) -> "CpuMeter":
-        self.began, self.busy, self.ours = time.monotonic(), _busy_ticks(), _our_ticks()
+    def __init__(self, roots: tuple[int, ...] = ()) -> None:
+        self.roots = roots
+
+    def __enter__(self) -> Self:
+        self.began, self.busy, self.ours = time.monotonic(), _busy_ticks(), _our_ticks(self.roots)
         return self
 
     def __exit__(self, *exc: object) -> None:
         wall = time.monotonic() - self.began
-        others = (_busy_ticks() - self.busy) - (_our_ticks() - self.ours)
+        others = (_busy_ticks() - self.busy) - (_our_ticks(self.roots) - self.ours)
         self.percent = max(0.0, others / os.sysconf("SC_CLK_TCK") / wall * 100) if wall else 0.0
 
 
@@ -248,8 +255,8 @@ def _busy_ticks() -> int:
     return user + nice + system + irq + softirq
 
 
-def _our_ticks() -> int:
-    """utime+stime of this process's live descendants, plus its own and its waited-for children's."""
+def _our_ticks(roots: tuple[int, ...]) -> int:
+    """utime+stime of this process and the children it waited for, plus the process trees under `roots`."""
     parents, ticks = {}, {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -260,13 +267,13 @@ def _our_ticks() -> int:
         pid = int(stat.parent.name)
         parents[pid] = int(fields[1])
         ticks[pid] = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if pid == os.getpid() else 0)
-    total = 0
-    for pid in ticks:
+    total = ticks.get(os.getpid(), 0)
+    for pid, used in ticks.items():
         p = pid
-        while p > 1 and p != os.getpid():
+        while p > 1 and p not in roots:
             p = parents.get(p, 0)
-        if p == os.getpid():
-            total += ticks[pid]
+        if p in roots:
+            total += used
     return total
 
 
@@ -316,6 +323,26 @@ class Server:
     proc: subprocess.Popen
     port: int
     logfile: Path
+    cmd: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    ready_path: str = "/"
+    restarts: int = 0
+
+    def ensure(self) -> None:
+        """Restart the server (same port) if it has gone away since the last point, and count it."""
+        try:
+            alive = self.proc.poll() is None and request(self.port, "GET", self.ready_path, timeout=5)[0] == 200
+        except OSError:
+            alive = False
+        if alive:
+            return
+        log(f"  {self.name} is gone (exit status {self.proc.poll()}; see {self.logfile}): restarting it")
+        self.stop()
+        self.restarts += 1
+        with open(self.logfile, "ab") as out:
+            self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True, cwd=self.logfile.parent)
+        self.wait(self.ready_path, 300)
 
     def wait(self, path: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -351,7 +378,7 @@ def start(name: str, cmd: list[str], env: dict[str, str], logfile: Path, ready_p
     log(f"=== starting {name}: {' '.join(cmd)}")
     with open(logfile, "ab") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=logfile.parent)
-    server = Server(name, proc, port, logfile)
+    server = Server(name, proc, port, logfile, cmd, env, ready_path)
     try:
         server.wait(ready_path, 300)
     except BaseException:
@@ -532,8 +559,9 @@ def metrics(port: int) -> dict[str, float]:
 
 def measured(server: Server, body: Body, concurrency: int, args: argparse.Namespace, workdir: Path,
              with_metrics: bool) -> Point:
+    server.ensure()
     before = metrics(server.port) if with_metrics else None
-    with CpuMeter() as meter:
+    with CpuMeter((server.proc.pid,)) as meter:
         point = wrk(server.port, body, concurrency, args.duration, args.max_requests, workdir)
     point.background = meter.percent
     if before is not None:
@@ -558,6 +586,8 @@ class ModelResult:
     ceiling_after: dict[str, dict[int, float]] = field(default_factory=dict)
     ceiling_background: list[float] = field(default_factory=list)
     retried: int = 0
+    restarts: dict[str, int] = field(default_factory=dict)
+    adjacent: dict[int, float] = field(default_factory=dict)  # (c) at max_batch measured just before each concurrency
     rows: dict[tuple[str, int], Point] = field(default_factory=dict)
     rss: list[tuple[str, int, Point | None]] = field(default_factory=list)
     load: list[float] = field(default_factory=list)
@@ -568,7 +598,8 @@ class ModelResult:
 
     @property
     def denominator(self) -> float:
-        return self.ceiling[self.bundle_max_batch]
+        """The best (c) at max_batch_size seen anywhere in the run: before, after, or next to a concurrency."""
+        return max([self.ceiling[self.bundle_max_batch], *self.adjacent.values()])
 
 
 def bench_model(model: Model, args: argparse.Namespace, base: Path, rss_check: bool) -> ModelResult:
@@ -595,6 +626,11 @@ def bench_model(model: Model, args: argparse.Namespace, base: Path, rss_check: b
             for attempt in (1, 2):  # a point that other work competed with is measured once more
                 wait_quiet(args.max_wait)
                 result.load.append(os.getloadavg()[0])
+                # (c) right before the points too: the machine's speed drifts over minutes (other VMs,
+                # clocks) in ways no process here shows, and this one saw what the points saw.
+                with CpuMeter() as meter:
+                    near = ceiling(model, args.adjacent_duration, (args.max_batch,))
+                result.adjacent[concurrency] = max(v[args.max_batch] for v in near.values())
                 rows = {"a": measured(temper, binary, concurrency, args, workdir, True)}
                 if not args.no_json_rows:
                     rows["a-json"] = measured(temper, plain, concurrency, args, workdir, True)
@@ -607,6 +643,7 @@ def bench_model(model: Model, args: argparse.Namespace, base: Path, rss_check: b
             result.retried += attempt == 2
             for kind, point in rows.items():
                 result.rows[(kind, concurrency)] = point
+        result.restarts = {temper.name: temper.restarts, mlflow.name: mlflow.restarts}
         mlflow.stop()
         if rss_check:
             result.rss.append(("after the benchmark points", temper.rss_kib(), None))
@@ -637,11 +674,13 @@ def table(result: ModelResult) -> str:
     lines = [f"### {m.key}: {m.note}", "",
              f"Batch-1 ONNX Runtime latency {m.batch1_ms:.3f} ms. Bundle: max_batch_size {result.bundle_max_batch}, "
              f"max_delay_ms {ARGS.max_delay_ms:g}. Ratios are to (c) at batch {result.bundle_max_batch} = "
-             f"{denom:,.0f} samples/s (the best of the four (c) measurements below). `x (b)`: req/s over (b)'s at the "
-             "same concurrency. `bg CPU`: CPU used by processes outside the benchmark during the point "
-             "(% of one core; anything above ~10% means other work competed with the measurement).", "",
-             "| server | clients | req/s | ratio to (c) | x (b) | p50 ms | p99 ms | errors | avg batch | bg CPU |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"{denom:,.0f} samples/s, the best (c) at that batch anywhere in this run. `x (c) near`: ratio to (c) at "
+             f"batch {result.bundle_max_batch} measured right before that concurrency's points (" + ", ".join(
+                 f"{c} clients {v:,.0f}" for c, v in result.adjacent.items()) + " samples/s), which saw the same machine "
+             "speed as the points. `x (b)`: req/s over (b)'s at the same concurrency. `bg CPU`: CPU used during the point by every process but the server measured and wrk "
+             "(the other, idle server included; % of one core; above ~10% means other work competed with the measurement).", "",
+             "| server | clients | req/s | ratio to (c) | x (c) near | x (b) | p50 ms | p99 ms | errors | avg batch | bg CPU |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for kind in ("a", "a-json", "b"):
         for c in ARGS.concurrency:
             p = result.rows.get((kind, c))
@@ -651,12 +690,13 @@ def table(result: ModelResult) -> str:
             vs_b = f"{p.rps / b.rps:.2f}x" if kind != "b" and b.rps else ""
             errors = str(p.errors) + (f" ({', '.join(f'{k} {v}' for k, v in p.error_kinds.items())})" if p.errors else "")
             batch = f"{p.avg_batch:.2f}" if p.avg_batch is not None else ""
-            lines.append(f"| {LABELS[kind]} | {c} | {p.rps:,.0f} | {p.rps / denom:.2f}x | {vs_b} | {p.p50_ms:.2f} | "
+            near = f"{p.rps / result.adjacent[c]:.2f}x" if result.adjacent.get(c) else ""
+            lines.append(f"| {LABELS[kind]} | {c} | {p.rps:,.0f} | {p.rps / denom:.2f}x | {near} | {vs_b} | {p.p50_ms:.2f} | "
                          f"{p.p99_ms:.2f} | {errors} | {batch} | {p.background:.0f}% |")
     bg = " / ".join(f"{x:.0f}%" for x in result.ceiling_background)
-    lines += ["", f"(c) in-process ONNX Runtime, {machine_info['cores']} intra-op threads, no HTTP, samples/s; ORT's default "
-              "spinning intra-op threads and spinning off (as temper's runtime runs), each before and after the HTTP "
-              f"points (bg CPU {bg}); the ceiling is the best of the four:", "",
+    lines += ["", (f"(c) in-process ONNX Runtime, {machine_info['cores']} intra-op threads, no HTTP, samples/s; ORT's default "
+                   "spinning intra-op threads and spinning off (as temper's runtime runs), each before and after the HTTP "
+                   f"points (bg CPU {bg}); the ceiling is the best of the four:"), "",
               "| batch | spin, before | no spin, before | spin, after | no spin, after | ceiling |",
               "|---:|---:|---:|---:|---:|---:|"]
     for b in CEILING_BATCHES:
@@ -670,10 +710,11 @@ def table(result: ModelResult) -> str:
             extra = (f" ({point.requests:,} requests in {point.seconds:.0f} s = {point.rps:,.0f} req/s, "
                      f"errors {point.errors})") if point else ""
             lines.append(f"- {label}: {kib / 1024:.1f} MiB ({(kib - first) / 1024:+.1f} MiB){extra}")
-    lines += ["", f"1-min load average at each concurrency's start (it counts the benchmark's own processes): "
+    lines += ["", "1-min load average at each concurrency's start (it counts the benchmark's own processes): "
               + ", ".join(f"{c} clients {x:.2f}" for c, x in zip(ARGS.concurrency, result.load)) + "."
               + (f" {result.retried} concurrency level(s) were measured twice because other processes used more than "
-                 f"{ARGS.noisy:g}% CPU the first time; the table shows the second measurement." if result.retried else "")]
+                 f"{ARGS.noisy:g}% CPU the first time; the table shows the second measurement." if result.retried else "")
+              + "".join(f" {name} had gone away and was restarted {n} time(s) between points." for name, n in result.restarts.items() if n)]
     return "\n".join(lines)
 
 
@@ -688,7 +729,9 @@ def targets(results: dict[str, ModelResult]) -> str:
         for c in [c for c in ARGS.concurrency if c >= 32]:
             a, b = heavy.rows[("a", c)], heavy.rows[("b", c)]
             ra, rb = a.rps / heavy.denominator, a.rps / b.rps if b.rps else float("inf")
-            lines.append(f"- heavy, {c} clients: temper {ra:.2f}x of (c) (target >= 0.8: {verdict(ra >= 0.8)}), "
+            near = a.rps / heavy.adjacent[c] if heavy.adjacent.get(c) else float("nan")
+            lines.append(f"- heavy, {c} clients: temper {ra:.2f}x of (c) (target >= 0.8: {verdict(ra >= 0.8)}; "
+                         f"{near:.2f}x of the (c) measured next to it), "
                          f"{rb:.2f}x of (b) (target >= 2: {verdict(rb >= 2)})")
     digits = results.get("digits")
     if digits:
@@ -720,6 +763,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per load point")
     parser.add_argument("--max-requests", type=int, default=500_000, help="responses per load point at most")
     parser.add_argument("--ceiling-duration", type=float, default=3.0, help="seconds per (c) batch size")
+    parser.add_argument("--adjacent-duration", type=float, default=1.5,
+                        help="seconds per spin setting for the (c) measured right before each concurrency")
     parser.add_argument("--max-batch", type=int, default=16, help="bundles' max_batch_size, and (c)'s denominator batch")
     parser.add_argument("--max-delay-ms", type=float, default=10.0, help="bundles' max_delay_ms")
     parser.add_argument("--rss-model", default="digits", help="model whose temper server gets the RSS check ('' = none)")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import mlflow
@@ -99,28 +102,33 @@ def test_promote_and_pull(temper, gated_digits, tmp_path, tracking_store):
     _serve_and_check(dest, tmp_path)
 
 
-def _serve_and_check(bundle: Path, tmp_path: Path) -> None:
-    import http.client
-    import socket
-    import time
-
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def _wait_until_ok(port: int, path: str, seconds: float) -> bool:
+    """Poll GET path until it answers 200 (True) or the time is up (False)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", path)
+            if conn.getresponse().status == 200:
+                return True
+        except OSError:
+            time.sleep(0.3)
+    return False
+
+
+def _serve_and_check(bundle: Path, tmp_path: Path) -> None:
+    port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     server = subprocess.Popen([str(Path(sys.executable).parent / "temper"), "serve", str(bundle), "--port", str(port)],
                               env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/v2/health/ready")
-                if conn.getresponse().status == 200:
-                    break
-            except OSError:
-                time.sleep(0.2)
-        else:
+        if not _wait_until_ok(port, "/v2/health/ready", 60):
             raise AssertionError(f"server never became ready: {server.stderr.read1().decode() if server.poll() is not None else ''}")
         image = np.random.default_rng(1).random((1, 1, 8, 8), dtype=np.float32)
         body = json.dumps({"inputs": [{"name": "pixels", "shape": [1, 1, 8, 8], "datatype": "FP32",
@@ -138,33 +146,17 @@ def _serve_and_check(bundle: Path, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_mlflow_models_serve_runs_the_published_runtime(temper, gated_digits, tmp_path, tracking_store):
-    import http.client
-    import socket
-    import time
-
     out = tmp_path / "out"
     assert temper("run", gated_digits, "--output", out).code == 0
     selected = json.loads((out / "report.json").read_text())["selected"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     venv_bin = str(Path(sys.executable).parent)
     env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_store, "PATH": f"{venv_bin}:{os.environ['PATH']}"}
     server = subprocess.Popen([f"{venv_bin}/mlflow", "models", "serve", "-m", "models:/digits-cnn@candidate",
                                "--env-manager", "local", "-p", str(port), "--host", "127.0.0.1"],
                               env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/ping")
-                if conn.getresponse().status == 200:
-                    break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            raise AssertionError("mlflow models serve never answered /ping")
+        assert _wait_until_ok(port, "/ping", 120), "mlflow models serve never answered /ping"
         images = np.random.default_rng(2).random((3, 1, 8, 8), dtype=np.float32)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         conn.request("POST", "/invocations", json.dumps({"inputs": {"pixels": images.tolist()}}),

@@ -87,6 +87,8 @@ class Observer(Protocol):
 
 
 class _Silent:
+    """The observer when nobody watches (library use, `temper check`): progress goes nowhere."""
+
     def started(self, chain: str, step: str) -> None:
         pass
 

@@ -9,6 +9,9 @@ max_delay_ms after the batch's first request arrived) only while the batch holds
 requests than the previous batch did, i.e. only when recent traffic showed concurrent
 clients. A lone sequential client therefore never pays the delay, and 2 closed-loop
 clients are not held back waiting for a 16-row batch that will never fill.
+
+Start-up times a batch-1 run with one intra-op thread and with all cores on the CPU engine
+and keeps the faster.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ TENSORRT = "TensorrtExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 WARMUP_DYNAMIC_DIM = 8  # length used for dynamic non-batch dims during warm-up
+TIMING_RUNS = 21  # batch-1 runs per session timed at start-up (median), fewer for slow models
+TIMING_BUDGET_S = 0.25  # per session, after which timing stops once MIN_TIMING_RUNS ran
+MIN_TIMING_RUNS = 3
+Providers = list[str | tuple[str, dict[str, str]]]  # an InferenceSession provider chain
 
 
 class RequestError(ValueError):
@@ -137,8 +144,10 @@ class Runtime:
         fixed_batch = {s.shape[0] for s in self.config.inputs if s.shape and s.shape[0] > 0}
         self._fixed_batch = min(fixed_batch) if fixed_batch else None
         self.max_rows = min([self.config.max_batch_size, *fixed_batch])
+        self.intra_op_threads = os.cpu_count() or 1  # start() may settle on 1 (CPU engine only)
         self._session, self.engine = self._load(providers)
         self._output_names = [o.name for o in self._session.get_outputs()]
+        self.batch1_ms: float | None = None  # median run of the smallest batch (1 unless fixed), timed by start()
         self._queue: deque[_Request] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -162,23 +171,49 @@ class Runtime:
             providers = [p for p in (TENSORRT, CUDA) if p in available] + [CPU]
         if TENSORRT in providers:
             engine_cache().mkdir(parents=True, exist_ok=True)
-        chain: list[str | tuple[str, dict[str, str]]] = [
+        chain: Providers = [
             (p, {"trt_engine_cache_enable": "True", "trt_engine_cache_path": str(engine_cache())}) if p == TENSORRT else p
             for p in providers
         ]
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = os.cpu_count() or 1
-        # Spinning intra-op threads burn every core even when idle (measured 180-200% CPU at
-        # any load on 2 cores), starving the HTTP threads that feed the batcher. One
-        # inference thread runs back-to-back batches under load, so spinning buys little.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = ort.InferenceSession(str(self.bundle / MODEL), options, providers=chain)
+        session = self._open(chain, self.intra_op_threads)
         used = session.get_providers()
         engine = {TENSORRT: "tensorrt", CUDA: "cuda"}.get(used[0] if used else CPU, "cpu")
         if providers[0] != CPU and used[0] != providers[0]:
             log.warning("%s: %s requested but the session runs on %s", self.config.name, providers[0], used)
-        log.info("%s: engine=%s providers=%s intra_op_threads=%d", self.config.name, engine, used, options.intra_op_num_threads)
+        log.info("%s: engine=%s providers=%s intra_op_threads=%d", self.config.name, engine, used, self.intra_op_threads)
         return session, engine
+
+    def _open(self, chain: Providers, threads: int) -> ort.InferenceSession:
+        """A session on `chain` with `threads` intra-op threads that sleep, not spin, when idle.
+
+        Spinning intra-op threads burn every core even when idle (measured 180-200% CPU at
+        any load on 2 cores), starving the HTTP threads that feed the batcher. One
+        inference thread runs back-to-back batches under load, so spinning buys little.
+        """
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(str(self.bundle / MODEL), options, providers=chain)
+
+    def _tune(self) -> None:
+        """Time the smallest batch; on the CPU engine with several cores, also on a one-thread
+        session, and keep the faster.
+
+        Neither thread count wins everywhere: one thread gave the digits CNN +23% at 32 clients
+        (no per-operator wake-up of sleeping threads) but halves a 2.7 ms CNN. Batch 1 is timed
+        because that is what the difference shows on.
+        """
+        inputs = self._warmup_inputs(self._fixed_batch or 1)
+        sessions = [self._session]
+        if self.engine == "cpu" and self.intra_op_threads > 1:
+            sessions.append(self._open([CPU], 1))
+        times = _median_runs_s(sessions, inputs)
+        best = min(range(len(sessions)), key=times.__getitem__)
+        if best:
+            self._session, self.intra_op_threads = sessions[best], 1
+        self.batch1_ms = times[best] * 1000
+        log.info("%s: batch-1 run %s ms -> intra_op_threads=%d", self.config.name,
+                 " vs ".join(f"{t * 1000:.3f}" for t in times), self.intra_op_threads)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -195,12 +230,14 @@ class Runtime:
         log.info("%s: warmed up batch sizes up to %d in %.2fs", self.config.name, self.max_rows, time.perf_counter() - began)
 
     def start(self) -> None:
-        """Warm up, then start the single batching thread; only then report ready.
+        """Pick the thread count, warm up, then start the single batching thread; only then
+        report ready.
 
         Requests submitted before start() wait in the queue and are served once it runs.
         """
         if self._thread is not None:
             return
+        self._tune()
         self.warm_up()
         self._running = True
         self._thread = threading.Thread(target=self._serve, name=f"temper-batcher-{self.config.name}", daemon=True)
@@ -424,6 +461,23 @@ class Runtime:
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self._output_names, self._session.run(self._output_names, inputs)))
+
+
+def _median_runs_s(sessions: list[ort.InferenceSession], inputs: dict[str, np.ndarray]) -> list[float]:
+    """Median seconds per run of `inputs` on each session, runs interleaved so that noise
+    from other processes hits every session alike. One untimed run each first."""
+    for session in sessions:
+        session.run(None, inputs)
+    samples: list[list[float]] = [[] for _ in sessions]
+    deadline = time.perf_counter() + TIMING_BUDGET_S * len(sessions)
+    for done in range(TIMING_RUNS):
+        if done >= MIN_TIMING_RUNS and time.perf_counter() > deadline:
+            break
+        for session, times in zip(sessions, samples):
+            start = time.perf_counter()
+            session.run(None, inputs)
+            times.append(time.perf_counter() - start)
+    return [float(np.median(times)) for times in samples]
 
 
 def _pad_axis1(array: np.ndarray, length: int, value: int | float) -> np.ndarray:

@@ -4,6 +4,7 @@ back-pressure and request validation."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 import time
 from pathlib import Path
@@ -151,6 +152,18 @@ def test_a_lone_sequential_client_never_waits_for_the_batch_delay(tmp_path: Path
     per_request_ms = (time.perf_counter() - began) * 1000 / 20
     assert per_request_ms < delay_ms / 10  # a fixed wait would make it >= delay_ms
     assert runtime.metrics.snapshot()["execution_count"] == 20
+
+
+def test_start_keeps_one_intra_op_thread_or_all_cores_and_reports_which(tmp_path: Path, started) -> None:
+    model = linear_model(tmp_path)
+    runtime = runtime_for(model, tmp_path)
+    assert runtime.batch1_ms is None and runtime.intra_op_threads == (os.cpu_count() or 1)
+    started(runtime)
+    assert runtime.intra_op_threads in {1, os.cpu_count() or 1}
+    assert runtime._session.get_session_options().intra_op_num_threads == runtime.intra_op_threads  # the kept session
+    assert runtime.batch1_ms > 0
+    x = np.random.default_rng(6).standard_normal((4, 4)).astype(np.float32)
+    np.testing.assert_allclose(runtime.infer({"x": x})["y"], plain(model, {"x": x})["y"], rtol=1e-6)
 
 
 def test_padded_requests_batched_together_match_unbatched_runs(tmp_path: Path, started) -> None:

@@ -5,7 +5,8 @@ small model the HTTP stack is most of a request's cost (DESIGN.md, "Serving: wha
 measured"), so routing is a few string compares, responses are pre-encoded where they can be,
 and the access log is off. Clients that care about speed send and receive tensors with
 Triton's binary tensor data extension, which keeps JSON down to a short header; plain JSON
-works for everyone else. Batching, the bounded queue and timeouts are the Runtime's.
+works for everyone else. Batching, the bounded queue and timeouts are the Runtime's; for a
+model the Runtime found tiny, a request that arrives alone runs inline on the event loop.
 
 Status codes, each with a body {"error": "<one line>"} and the server serving on afterwards:
   400  malformed JSON or binary framing; unknown, missing or repeated input; wrong datatype;
@@ -57,6 +58,7 @@ class InferenceServer:
         config = runtime.config
         self.name, self.timeout_s = config.name, config.timeout_s
         self.rejected = 0  # infer requests refused before reaching the runtime; only the event loop writes it
+        self.arriving = 0  # infer requests between their last body byte and the runtime; event loop only
         self.inputs = {spec.name: spec for spec in config.inputs}
         self.outputs = [spec.name for spec in config.outputs]
         self.metadata = _encode({
@@ -153,12 +155,31 @@ class InferenceServer:
         except (HttpError, RequestError):
             self.rejected += 1  # never reached the runtime, which counts everything after this
             raise
-        future = self.runtime.submit(inputs)  # RequestError, Overloaded
+        future = self.runtime.submit(inputs, inline=await self._alone())  # RequestError, Overloaded
+        if future.done():  # ran inline: no hand-off back to the event loop to wait for
+            return self._encode_outputs(request, future.result(), wanted)
         try:
             results = await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_s)
         except asyncio.TimeoutError:  # wait_for cancelled the future: a still-queued request is dropped
             raise RequestTimeout(f"not answered within {self.timeout_s}s") from None
         return self._encode_outputs(request, results, wanted)
+
+    async def _alone(self) -> bool:
+        """Whether this request may run inline: the model is tiny and no other request reached
+        this point in the same turn of the event loop.
+
+        Requests that arrive together all get here before any of them resumes from the yield,
+        so they see each other and go to the batcher to share a batch. Running them inline one
+        by one would serialise every run on the event loop. Slow models never yield here.
+        """
+        if not self.runtime.inline:
+            return False
+        self.arriving += 1
+        try:
+            await asyncio.sleep(0)
+            return self.arriving == 1
+        finally:
+            self.arriving -= 1
 
     async def _body(self, headers: dict[bytes, bytes], receive: Any) -> bytes:
         declared = headers.get(b"content-length")
@@ -277,6 +298,11 @@ class InferenceServer:
         counter("nv_inference_exec_count", "Number of model executions (batches) performed", m["execution_count"])
         counter("nv_inference_queue_duration_us", "Cumulative time requests waited in the queue, in microseconds", m["queue_ns"] // 1000)
         counter("nv_inference_compute_infer_duration_us", "Cumulative model execution time per request, in microseconds", m["compute_ns"] // 1000)
+        counter("temper_inline_exec_count", "Executions run inline on the event loop instead of by the batcher", m["inline_count"])
+        r = self.runtime
+        info = f'{self.labels},engine="{r.engine}",intra_op_threads="{r.intra_op_threads}",inline="{str(r.inline).lower()}"'
+        lines.extend(("# HELP temper_runtime_info What start-up chose: engine, intra-op threads, inline runs (value 1)",
+                      "# TYPE temper_runtime_info gauge", f"temper_runtime_info{{{info}}} 1"))
         name = "temper_request_duration_seconds"
         lines.extend((f"# HELP {name} Time from queueing to answer of successful inference requests", f"# TYPE {name} histogram"))
         for bound_ms, count in zip(m["latency_buckets_ms"], m["latency_counts"]):

@@ -283,6 +283,7 @@ def test_per_output_binary_flag_overrides_the_request_default(client: Client, re
 
 
 def test_32_concurrent_clients_get_their_own_answers_in_batches(server: Served, reference: ort.InferenceSession) -> None:
+    assert server.app.runtime.inline  # batches must form although a lone request would run inline
     watcher = Client(server.port)
     before = _metrics(watcher)
     rounds = 15
@@ -317,6 +318,21 @@ def test_32_concurrent_clients_get_their_own_answers_in_batches(server: Served, 
              for name in ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count")}
     assert delta["nv_inference_request_success"] == 32 * rounds
     assert delta["nv_inference_exec_count"] < delta["nv_inference_request_success"] <= delta["nv_inference_count"], delta
+
+
+def test_a_lone_client_runs_inline_and_metrics_report_the_start_up_choice(client: Client, reference: ort.InferenceSession) -> None:
+    before = _metrics(client)
+    for seed in range(20, 25):
+        inputs = _inputs(seed)
+        status, _, body = client.infer(_json_request(inputs))
+        assert status == 200, body
+        np.testing.assert_allclose(json.loads(body)["outputs"][0]["data"], _expected(reference, inputs)["y"].ravel(), rtol=1e-6)
+    after = _metrics(client)
+    delta = {name: _counter(after, name) - _counter(before, name) for name in ("temper_inline_exec_count", "nv_inference_exec_count")}
+    assert delta == {"temper_inline_exec_count": 5, "nv_inference_exec_count": 5}
+    (info,) = [key for key in after if key.startswith("temper_runtime_info")]
+    threads = re.search(r'intra_op_threads="(\d+)"', info).group(1)
+    assert 'engine="cpu"' in info and 'inline="true"' in info and int(threads) in {1, os.cpu_count()}, info
 
 
 def test_metrics_are_prometheus_text_named_like_triton(client: Client) -> None:
@@ -453,6 +469,8 @@ def test_overload_is_503_and_the_server_recovers(slow_model: Path, tmp_path: Pat
         metrics = c.call("GET", "/metrics")[2].decode()
         c.close()
     assert re.search(r'nv_inference_request_failure\{model="slow",version="1"\} [1-9]', metrics)
+    assert 'temper_inline_exec_count{model="slow",version="1"} 0' in metrics  # milliseconds per run: never on the event loop
+    assert re.search(r'temper_runtime_info\{model="slow",[^}]*inline="false"\} 1', metrics)
 
 
 def test_request_not_answered_in_time_is_504(slow_model: Path, tmp_path: Path) -> None:

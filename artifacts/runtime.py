@@ -529,7 +529,7 @@ def _median_runs_s(sessions: list[ort.InferenceSession], inputs: dict[str, np.nd
     return [float(np.median(times)) for times in samples]
 
 
-def _pad_axis1(array: np.ndarray, length: int, value: int | float) -> np.ndarray:
+def _pad_axis1(array: np.ndarray, length: int, value: float) -> np.ndarray:
     if array.shape[1] == length:
         return array
     widths = [(0, 0), (0, length - array.shape[1])] + [(0, 0)] * (array.ndim - 2)

@@ -83,7 +83,7 @@ class InferenceServer:
             if message["type"] == "lifespan.startup":
                 try:
                     await asyncio.to_thread(self.runtime.start)
-                except Exception as exc:  # uvicorn prints the message and exits non-zero
+                except Exception as exc:  # noqa: BLE001 - any start-up failure: uvicorn prints the message and exits non-zero
                     await send({"type": "lifespan.startup.failed", "message": f"cannot start {self.name}: {type(exc).__name__}: {exc}"})
                     return
                 await send({"type": "lifespan.startup.complete"})

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 import onnx
@@ -87,7 +88,7 @@ class Served:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
-    def __enter__(self) -> Served:
+    def __enter__(self) -> Self:
         self.thread.start()
         deadline = time.monotonic() + 60
         while not self.server.started:

@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt, StringConstraints, model_validator
 
+from pipeline import presets
+
 Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.:/-]*$")]
 # "path/to/file.py:function", resolved relative to the recipe's folder.
 CallableRef = Annotated[str, StringConstraints(pattern=r"^.+\.py:[A-Za-z_][A-Za-z0-9_]*$")]
@@ -131,10 +133,22 @@ class Fp16Options(Strict):
     node_block_list: list[str] = Field(default_factory=list, description="node names kept in FP32")
 
 
+class FallbackOptions(Strict):
+    """Accuracy-aware fallback for static INT8: keep the nodes that hurt most in float until the
+    validate.accuracy budget holds, ranked by the SQNR of their activations on calibration data."""
+
+    max_trials: PositiveInt = Field(12, description="quantize-and-evaluate rounds at most, the plain INT8 model included")
+    refine: int = Field(0, ge=0, description="re-rank this many top suspects by the real metric, each kept in float alone "
+                                              "(each costs a trial)")
+    samples: PositiveInt = Field(64, description="calibration samples the SQNR ranking runs on")
+
+
 class QuantizeOptions(Strict):
     """INT8 quantization. `mode: dynamic` needs no data; `mode: static` calibrates on the recipe's data."""
 
     mode: Literal["dynamic", "static"]
+    preset: Literal[tuple(presets.PRESETS)] | None = Field(  # type: ignore[valid-type]
+        None, description="target preset (see pipeline/presets.py): fills the options this step leaves unset")
     backend: Literal["ort", "modelopt"] = "ort"
     format: Literal["qdq", "qoperator"] = "qdq"
     per_channel: bool = False
@@ -144,12 +158,23 @@ class QuantizeOptions(Strict):
     num_bins: PositiveInt = Field(2048, description="histogram bins for entropy/percentile calibration")
     activation_type: Literal["int8", "uint8"] = "int8"
     weight_type: Literal["int8", "uint8"] = "int8"
+    symmetric_activations: bool = Field(False, description="zero point 0 for activations (TensorRT needs it)")
+    symmetric_weights: bool | None = Field(None, description="zero point 0 for weights (default: ONNX Runtime's, "
+                                                             "symmetric for int8 weights)")
+    dedicated_qdq_pairs: bool = Field(False, description="a Q/DQ pair per consumer and on every weight (for TensorRT)")
     exclude_nodes: list[str] = Field(default_factory=list, description="node names kept in float")
     exclude_op_types: list[str] = Field(default_factory=list, description="op types kept in float")
+    fallback: FallbackOptions | None = Field(None, description="keep harmful nodes in float until validate.accuracy holds")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, value: Any) -> Any:
+        return presets.fill(value) if isinstance(value, dict) else value
 
     @model_validator(mode="after")
     def _consistent(self) -> QuantizeOptions:
-        static_only = {"format", "calibration", "percentile", "num_bins", "activation_type"}
+        static_only = {"format", "calibration", "percentile", "num_bins", "activation_type", "symmetric_activations",
+                       "dedicated_qdq_pairs", "fallback"}
         if self.mode == "dynamic":
             misplaced = sorted(static_only & self.model_fields_set)
             if misplaced:
@@ -158,6 +183,8 @@ class QuantizeOptions(Strict):
                 raise ValueError("mode: dynamic is implemented by backend: ort only")
         if self.backend == "modelopt" and self.format != "qdq":
             raise ValueError("backend: modelopt writes QDQ graphs only (format: qdq)")
+        if self.backend == "modelopt" and self.fallback is not None:
+            raise ValueError("fallback tunes ONNX Runtime's quantizer: it needs backend: ort")
         return self
 
 

@@ -27,4 +27,5 @@ def quantize(
         weight_type=QuantType.QInt8 if options.weight_type == "int8" else QuantType.QUInt8,
         nodes_to_exclude=nodes,
         use_external_data_format=large,
+        extra_options={} if options.symmetric_weights is None else {"WeightSymmetric": options.symmetric_weights},
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 MODEL_FILE = "model.onnx"
+TUNING_FILE = "tuning.json"  # written beside a model by the quantize fallback: its trials and ranking
 
 
 def default_root() -> Path:

@@ -5,19 +5,36 @@ from __future__ import annotations
 import difflib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 import onnx
 from pydantic import BaseModel
 
-from pipeline.errors import OptionError
+from pipeline.errors import OptionError, StepFailed
 from pipeline.recipe import InputSpec
 
 Batch = dict[str, np.ndarray]
 Options = TypeVar("Options", bound=BaseModel)
+
+
+class Scorer(Protocol):
+    """The recipe's accuracy gate as a step can use it: the metric of a model on the evaluation set,
+    its drop from the baseline, and a quick speed reading for reports."""
+
+    metric: str
+    baseline_metric: float
+    allowed_drop: float
+
+    def score(self, model: Path) -> tuple[float, float]:
+        """(metric, drop from the baseline); the gate holds when drop <= allowed_drop."""
+        ...
+
+    def speed(self, model: Path) -> float | None:
+        """Samples/s at the recipe's largest throughput batch size, or None without a throughput section."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -28,6 +45,11 @@ class StepContext:
     calibration: Callable[[], list[Batch]]  # full-size batches; raises RecipeError when there is no usable set
     sample: Callable[[], Batch]  # one real batch for sanity checks (NaN/Inf, output comparison)
     scratch: Path  # a private empty folder for intermediate files
+    scorer: Callable[[], Scorer] = field(default=lambda: _no_scorer())  # for steps with uses_evaluation
+
+
+def _no_scorer() -> Scorer:
+    raise StepFailed("this step aims at the accuracy budget: the recipe needs validate.accuracy")
 
 
 class Step(ABC, Generic[Options]):
@@ -37,6 +59,10 @@ class Step(ABC, Generic[Options]):
 
     def uses_calibration(self, options: Options) -> bool:
         """True when the output depends on the calibration data, which then joins the cache key."""
+        return False
+
+    def uses_evaluation(self, options: Options) -> bool:
+        """True when the output depends on the accuracy gate (data, metric, budget, baseline): all join the key."""
         return False
 
     def validate(self, model: onnx.ModelProto, options: Options) -> None:

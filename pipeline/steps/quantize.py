@@ -18,7 +18,7 @@ import onnx
 from pipeline import onnx_io
 from pipeline.errors import OptionError, StepFailed, TemperError, first_line
 from pipeline.recipe import QuantizeOptions
-from pipeline.steps import quantize_dynamic, quantize_modelopt, quantize_static
+from pipeline.steps import fallback, quantize_dynamic, quantize_modelopt, quantize_static
 from pipeline.steps.base import Batch, Step, StepContext, require_known
 
 
@@ -29,6 +29,9 @@ class Quantize(Step[QuantizeOptions]):
 
     def uses_calibration(self, options: QuantizeOptions) -> bool:
         return options.mode == "static"
+
+    def uses_evaluation(self, options: QuantizeOptions) -> bool:
+        return options.fallback is not None
 
     def validate(self, model: onnx.ModelProto, options: QuantizeOptions) -> None:
         nodes = [node.name for node in model.graph.node if node.name]
@@ -42,7 +45,7 @@ class Quantize(Step[QuantizeOptions]):
 
     def run(self, src: Path, dst: Path, options: QuantizeOptions, ctx: StepContext) -> None:
         structure = onnx_io.load_structure(src)
-        large = _needs_external_data(structure)
+        large = needs_external_data(structure)
         if options.mode == "dynamic":
             keep_float = sorted(set(options.exclude_nodes) | set(_nodes_of_types(structure, options.exclude_op_types)))
             _library(
@@ -52,10 +55,16 @@ class Quantize(Step[QuantizeOptions]):
         elif options.backend == "ort":
             feeds = calibration_feeds(structure, ctx.calibration())
             typed = _nodes_of_types(structure, options.exclude_op_types)
-            _library(
-                "ONNX Runtime static quantization",
-                lambda: quantize_static.quantize(src, dst, options, feeds, typed, ctx.scratch, large),
-            )
+
+            def static() -> None:
+                prepared = quantize_static.prepare(src, options, feeds, ctx.scratch, large)
+                keep_float = quantize_static.follow_fusions(prepared.structure, options.exclude_nodes, typed)
+                if options.fallback is None:
+                    quantize_static.write(prepared, dst, options, keep_float)
+                else:
+                    fallback.tune(prepared, dst, options, keep_float, feeds, ctx.scorer(), ctx.scratch)
+
+            _library("ONNX Runtime static quantization", static)
         else:
             quantize_modelopt.require()  # before loading data: a missing backend should fail fast
             feeds = calibration_feeds(structure, ctx.calibration())
@@ -99,7 +108,7 @@ def _nodes_of_types(model: onnx.ModelProto, op_types: list[str]) -> list[str]:
     return [node.name for node in model.graph.node if node.op_type in wanted and node.name]
 
 
-def _needs_external_data(model: onnx.ModelProto) -> bool:
+def needs_external_data(model: onnx.ModelProto) -> bool:
     """Past protobuf's 2 GB limit the libraries must write weights as external data too."""
     external = any(init.data_location == onnx.TensorProto.EXTERNAL for init in model.graph.initializer)
     return external or model.ByteSize() > 1_800_000_000

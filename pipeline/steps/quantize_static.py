@@ -8,7 +8,11 @@ full range, and the scales come out equal to MinMax. The ranges we compute go ba
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import onnx
 from onnxruntime.quantization import (
@@ -52,41 +56,75 @@ def validate(options: QuantizeOptions) -> None:
         )
 
 
-def quantize(
-    src: Path, dst: Path, options: QuantizeOptions, feeds: list[Batch], typed: list[str], scratch: Path, large: bool
-) -> None:
-    """`typed`: node names of the excluded op types, kept float alongside `exclude_nodes`."""
+@dataclass(frozen=True)
+class Prepared:
+    """A pre-processed float model and its calibrated ranges: what any number of quantized variants
+    (the fallback's trials) share, so each trial costs one graph rewrite and no calibration."""
+
+    model: Path
+    ranges: Path
+    large: bool
+
+    @cached_property
+    def structure(self) -> onnx.ModelProto:
+        return onnx_io.load_structure(self.model)
+
+
+def prepare(src: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Path, large: bool) -> Prepared:
     pre = scratch / "preprocessed.onnx"
-    quant_pre_process(str(src), str(pre), save_as_external_data=large)
-    keep_float = follow_fusions(onnx_io.load_structure(pre), options.exclude_nodes, typed)
-    op_types = sorted((set(QLinearOpsRegistry) | set(QDQRegistry)) - set(options.exclude_op_types))
-    method = METHODS[options.calibration]
+    # auto_merge: symbolic shape inference otherwise stops at BERT-style attention reshapes
+    # ("Incomplete symbolic shape inference" on MiniLM); merging equal symbolic dims is safe here.
+    # chdir: when shape inference gives up it saves a debug model into the working folder.
+    with contextlib.chdir(scratch):
+        quant_pre_process(str(src.resolve()), str(pre.resolve()), auto_merge=True, save_as_external_data=large)
     calibrator = create_calibrator(
         pre,
-        op_types,
+        op_types(options),
         augmented_model_path=str(scratch / "augmented.onnx"),
-        calibrate_method=method,
+        calibrate_method=METHODS[options.calibration],
         use_external_data_format=large,
-        extra_options={"num_bins": options.num_bins, "percentile": options.percentile},
+        extra_options={"num_bins": options.num_bins, "percentile": options.percentile,
+                       "symmetric": options.symmetric_activations},
     )
-    calibrator.collect_data(_Reader(feeds))
+    for feed in feeds:  # one batch per call: histogram calibrators otherwise hold every activation in memory
+        calibrator.collect_data(_Reader([feed]))
     ranges = scratch / "ranges.json"
     save_tensors_data(calibrator.compute_data(), ranges)
+    return Prepared(pre, ranges, large)
+
+
+def write(prepared: Prepared, dst: Path, options: QuantizeOptions, keep_float: list[str]) -> None:
+    """The quantized model with `keep_float` (node names of the pre-processed graph) left in float."""
     quantize_static(
-        str(pre),
+        str(prepared.model),
         str(dst),
         None,
         quant_format=FORMATS[options.format],
-        op_types_to_quantize=op_types,
+        op_types_to_quantize=op_types(options),
         per_channel=options.per_channel,
         reduce_range=options.reduce_range,
         activation_type=QUANT_TYPES[options.activation_type],
         weight_type=QUANT_TYPES[options.weight_type],
         nodes_to_exclude=keep_float,
-        use_external_data_format=large,
-        calibrate_method=method,
-        calibration_cache_path=ranges,
+        use_external_data_format=prepared.large,
+        calibrate_method=METHODS[options.calibration],
+        calibration_cache_path=prepared.ranges,
+        extra_options=extra_options(options),
     )
+
+
+def op_types(options: QuantizeOptions) -> list[str]:
+    return sorted((set(QLinearOpsRegistry) | set(QDQRegistry)) - set(options.exclude_op_types))
+
+
+def extra_options(options: QuantizeOptions) -> dict[str, Any]:
+    """ONNX Runtime's names for the symmetry and Q/DQ-pair settings (unset ones keep its defaults)."""
+    extra: dict[str, Any] = {"ActivationSymmetric": options.symmetric_activations}
+    if options.symmetric_weights is not None:
+        extra["WeightSymmetric"] = options.symmetric_weights
+    if options.dedicated_qdq_pairs:
+        extra |= {"AddQDQPairToWeight": True, "DedicatedQDQPair": True}
+    return extra
 
 
 def follow_fusions(model: onnx.ModelProto, named: list[str], typed: list[str]) -> list[str]:

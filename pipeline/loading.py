@@ -6,7 +6,7 @@ import difflib
 import hashlib
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from pipeline.errors import RecipeError
-from pipeline.recipe import Recipe
+from pipeline.recipe import QuantizeOptions, Recipe
+from pipeline.search import Search, expand
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,7 @@ class LoadedRecipe:
     file: str  # as the user wrote it, for messages
     base: Path  # the recipe's folder: relative paths inside it resolve here
     sha256: str
+    searches: dict[str, Search] = field(default_factory=dict)  # searched candidate -> its trials
 
     def path(self, relative: str) -> Path:
         return (self.base / relative).resolve()
@@ -44,12 +46,25 @@ def load_recipe(path: Path) -> LoadedRecipe:
         raise RecipeError(file, where, f"YAML syntax error: {exc.problem}") from None
     if not isinstance(data, dict):
         raise RecipeError(file, "", "a recipe is a YAML mapping with keys version, name, model, candidates, ...")
+    data, searches = expand(data, file)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         key, message = describe(exc.errors()[0], data)
         raise RecipeError(file, key, message) from None
-    return LoadedRecipe(recipe, file, path.resolve().parent, hashlib.sha256(raw).hexdigest())
+    _fallbacks_have_a_budget(recipe, file)
+    return LoadedRecipe(recipe, file, path.resolve().parent, hashlib.sha256(raw).hexdigest(), searches)
+
+
+def _fallbacks_have_a_budget(recipe: Recipe, file: str) -> None:
+    if recipe.validation is not None and recipe.validation.accuracy is not None:
+        return
+    for name, candidate in recipe.candidates.items():
+        for index, step in enumerate(candidate.steps):
+            if isinstance(step.options, QuantizeOptions) and step.options.fallback is not None:
+                raise RecipeError(file, f"candidates.{name}.steps[{index}].quantize.fallback",
+                                  "aims at the accuracy budget, but the recipe has no validate.accuracy: "
+                                  "add one, e.g. validate: {accuracy: {metric: top1, max_drop: 0.01}}")
 
 
 def describe(error: Any, data: Any) -> tuple[str, str]:

@@ -1,0 +1,151 @@
+"""Configuration search: a candidate whose step options list alternatives becomes one candidate per
+combination, so each is built (cached), validated and reported like any other, and selection keeps
+the fastest that passes every gate.
+
+    int8:
+      max_trials: 6
+      steps:
+        - quantize: {mode: static, format: [qdq, qoperator], per_channel: [true, false]}
+
+becomes `int8.format-qdq.per_channel-true`, `int8.format-qdq.per_channel-false`, ... Expansion runs on
+the raw YAML, before the schema, so every error names the key the user wrote.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from pipeline.errors import RecipeError
+from pipeline.recipe import Fp16Options, QuantizeOptions, StepSpec
+
+# Scalar options whose list value means "try each"; list-valued options (exclude_nodes) are not searched.
+SEARCHABLE = {
+    "quantize": ("preset", "format", "per_channel", "reduce_range", "calibration", "activation_type", "weight_type",
+                 "symmetric_activations", "symmetric_weights"),
+    "fp16": ("keep_io_types",),
+}
+OPTION_MODELS = {"quantize": QuantizeOptions, "fp16": Fp16Options}
+DEFAULT_MAX_TRIALS = 16
+
+
+@dataclass(frozen=True)
+class Search:
+    """One searched candidate: the names of the combinations built, and how many there were in all."""
+
+    name: str
+    trials: list[str]
+    combinations: int
+
+    @property
+    def skipped(self) -> int:
+        return self.combinations - len(self.trials)
+
+
+def expand(data: dict[str, Any], file: str) -> tuple[dict[str, Any], dict[str, Search]]:
+    """The recipe data with every searched candidate replaced by its combinations (in order, the
+    first value of each list first), and what was searched."""
+    candidates = data.get("candidates")
+    if not isinstance(candidates, dict):
+        return data, {}
+    expanded: dict[str, Any] = {}
+    searches: dict[str, Search] = {}
+    for name, spec in candidates.items():
+        where = f"candidates.{name}"
+        axes = _axes(spec, where, file) if isinstance(spec, dict) else []
+        if not axes:
+            if isinstance(spec, dict) and "max_trials" in spec:
+                raise RecipeError(file, f"{where}.max_trials",
+                                  "bounds a search, but no step option of this candidate lists alternatives")
+            expanded[name] = spec
+            continue
+        limit = _max_trials(spec, where, file)
+        combinations = list(itertools.product(*(axis.values for axis in axes)))
+        trials = []
+        for values in combinations[:limit]:
+            trial = f"{name}." + ".".join(f"{axis.key}-{_label(value)}" for axis, value in zip(axes, values, strict=True))
+            expanded[trial] = _with(spec, axes, values)
+            trials.append(trial)
+        searches[name] = Search(name, trials, len(combinations))
+    return {**data, "candidates": expanded}, searches
+
+
+@dataclass(frozen=True)
+class _Axis:
+    step: int
+    kind: str
+    key: str
+    values: list[Any]
+
+
+def _axes(spec: dict[str, Any], where: str, file: str) -> list[_Axis]:
+    steps = spec.get("steps")
+    axes: list[_Axis] = []
+    for index, step in enumerate(steps if isinstance(steps, list) else []):
+        if not (isinstance(step, dict) and len(step) == 1):
+            continue
+        kind, options = next(iter(step.items()))
+        if not isinstance(options, dict):
+            continue
+        for key in SEARCHABLE.get(kind, ()):
+            values = options.get(key)
+            if not isinstance(values, list):
+                continue
+            at = f"{where}.steps[{index}].{kind}.{key}"
+            if not values:
+                raise RecipeError(file, at, "an empty list of alternatives: give at least one value (or a single value)")
+            for position, value in enumerate(values):
+                _check_value(kind, options, key, value, f"{at}[{position}]", file)
+            axes.append(_Axis(index, kind, key, values))
+    return axes
+
+
+def _check_value(kind: str, options: dict[str, Any], key: str, value: Any, at: str, file: str) -> None:
+    """Refuse an alternative the schema would refuse, naming it by its place in the list."""
+    from pipeline.loading import describe  # loading imports this module
+
+    probe = {k: (v[0] if k in SEARCHABLE[kind] and isinstance(v, list) and v else v) for k, v in options.items()}
+    probe[key] = value
+    try:
+        StepSpec.model_validate({kind: probe})
+    except ValidationError as exc:
+        for error in exc.errors():
+            if error["loc"][-1:] == (key,):
+                raise RecipeError(file, at, describe(error, {kind: probe})[1]) from None
+
+
+def _max_trials(spec: dict[str, Any], where: str, file: str) -> int:
+    limit = spec.get("max_trials", DEFAULT_MAX_TRIALS)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise RecipeError(file, f"{where}.max_trials", f"{limit!r} is not a number of trials: use a whole number of at least 1")
+    return limit
+
+
+def _with(spec: dict[str, Any], axes: list[_Axis], values: tuple[Any, ...]) -> dict[str, Any]:
+    steps = [dict(step) if isinstance(step, dict) else step for step in spec["steps"]]
+    for axis, value in zip(axes, values, strict=True):
+        steps[axis.step] = {axis.kind: {**steps[axis.step][axis.kind], axis.key: value}}
+    return {k: v for k, v in spec.items() if k != "max_trials"} | {"steps": steps}
+
+
+def _label(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def json_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The recipe JSON Schema with what expansion accepts before the schema sees it: a list of
+    alternatives for each searchable option, and a candidate's max_trials."""
+    defs = schema["$defs"]
+    for kind, keys in SEARCHABLE.items():
+        properties = defs[OPTION_MODELS[kind].__name__]["properties"]
+        for key in keys:
+            one = {k: v for k, v in properties[key].items() if k not in ("default", "description", "title")}
+            properties[key] = {**{k: v for k, v in properties[key].items() if k in ("default", "description", "title")},
+                               "anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
+    defs["CandidateSpec"]["properties"]["max_trials"] = {
+        "type": "integer", "minimum": 1, "default": DEFAULT_MAX_TRIALS,
+        "description": "when step options list alternatives: build and validate at most this many combinations"}
+    return schema

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from pipeline.cache import StepCache, default_root
 from pipeline.errors import TemperError
-from pipeline.loading import load_recipe
+from pipeline.loading import LoadedRecipe, load_recipe
 from pipeline.recipe import Recipe
 from pipeline.runner import ModelRecord, Runner, RunResult
 
@@ -84,7 +84,7 @@ def run(
     from validators.validation import as_report, validate
 
     loaded = load_recipe(recipe)
-    _known_candidates(loaded.recipe, loaded.file, require)
+    _known_candidates(loaded, require)
     folder = OutputFolder(output or Path("out") / loaded.recipe.name)
     runner = Runner(loaded, StepCache(cache_dir or default_root(), enabled=not no_cache))
     begin = time.perf_counter()
@@ -179,7 +179,7 @@ def validate_cmd(
     loaded = load_recipe(recipe)
     if loaded.recipe.validation is None:
         raise RecipeError(loaded.file, "validate", "this recipe has no validate section: nothing to check")
-    _known_candidates(loaded.recipe, loaded.file, require)
+    _known_candidates(loaded, require)
     folder = (output or Path("out") / loaded.recipe.name).resolve()
     runner = Runner(loaded, StepCache(cache_dir or default_root()))
     try:
@@ -208,9 +208,45 @@ def check(recipe: RecipeArg, cache_dir: CacheOpt = None) -> None:
 
 
 @app.command()
+def sensitivity(
+    recipe: RecipeArg,
+    candidate: Annotated[str, typer.Option("--candidate", help="candidate with a static quantize step")],
+    top: Annotated[int, typer.Option("--top", min=1, help="rows to print")] = 20,
+    samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="calibration samples to measure on (default: the step's fallback.samples, else 64)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the whole ranking as JSON on stdout")] = False,
+    cache_dir: CacheOpt = None,
+) -> None:
+    """Rank a candidate's quantized nodes by how much INT8 hurts them (SQNR on calibration data), without tuning."""
+    from pipeline.ranking import rank_candidate
+
+    loaded = load_recipe(recipe)
+    runner = Runner(loaded, StepCache(cache_dir or default_root()))
+    try:
+        with _progress() as progress:
+            runner.observer = display = _Display(progress)
+            ranking = rank_candidate(runner, candidate, samples)
+            display.note("done")
+    finally:
+        runner.close()
+    if as_json:
+        print(json.dumps([r.as_dict() for r in ranking], indent=2))
+        return
+    table = Table(title=f"{candidate}: nodes by INT8 sensitivity (most harmful first)", title_justify="left")
+    for col, justify in (("rank", "right"), ("node", "left"), ("op", "left"), ("SQNR dB", "right"), ("output vs float dB", "right")):
+        table.add_column(col, justify=justify)
+    for index, r in enumerate(ranking[:top], 1):
+        table.add_row(str(index), r.node, r.op_type, f"{r.sqnr_db:.1f}", "-" if r.accumulated_db is None else f"{r.accumulated_db:.1f}")
+    table.caption = (f"{len(ranking)} quantized nodes; SQNR of the quantized tensors each touches (-200: NaN/Inf where "
+                     "the float model has numbers). Keep the top ones in float with exclude_nodes, or let fallback: do it.")
+    out.print(table)
+
+
+@app.command()
 def schema() -> None:
     """Print the recipe JSON Schema (for editor completion and validation)."""
-    print(json.dumps(Recipe.model_json_schema(), indent=2))
+    from pipeline.search import json_schema
+
+    print(json.dumps(json_schema(Recipe.model_json_schema(by_alias=True)), indent=2))
 
 
 @app.command()
@@ -288,18 +324,30 @@ def _progress() -> Progress:
     return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True)
 
 
-def _known_candidates(recipe: Recipe, file: str, names: list[str] | None) -> None:
+def _known_candidates(loaded: LoadedRecipe, names: list[str] | None) -> None:
+    """A required name is a candidate, or a searched candidate (then one of its trials must pass)."""
     from pipeline.errors import RecipeError
 
+    known = [*loaded.recipe.candidates, *loaded.searches]
     for name in names or ():
-        if name not in recipe.candidates:
-            raise RecipeError(file, "--require", f"no candidate named '{name}'; candidates: {', '.join(recipe.candidates)}")
+        if name not in known:
+            raise RecipeError(loaded.file, "--require", f"no candidate named '{name}'; candidates: {', '.join(known)}")
 
 
 def _gate_exit(verdict: dict, require: list[str] | None) -> int:
     """Print the gate table and the verdict; 0 when a candidate was selected (and every required one passed)."""
     out.print(_gate_table(verdict))
-    missed = [name for name in require or () if not verdict["candidates"][name]["passed"]]
+    searches = verdict["searches"]
+    missed = [name for name in require or ()
+              if not any(verdict["candidates"][n]["passed"] for n in searches.get(name, {"trials": [name]})["trials"])]
+    for name, c in verdict["candidates"].items():
+        tuning = c["tuning"]
+        if tuning and not tuning["met"]:
+            best = tuning["trials"][tuning["best"]]
+            err.print(Text.assemble(("fallback: ", "red"), f"{name} missed the budget after {len(tuning['trials'])} trials: "
+                                    f"best {tuning['metric']} drop {best['drop']:+.4f} (allowed {tuning['allowed_drop']:.4f}) "
+                                    f"with {len(best['float_nodes'])} nodes in float; that model is kept, every trial is in "
+                                    "report.md. Raise fallback.max_trials or the budget."), soft_wrap=True)
     if verdict["selected"]:
         out.print(Text.assemble(("selected: ", "green"), verdict["selected"]))
     else:

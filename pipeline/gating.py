@@ -22,7 +22,7 @@ def subject(runner: Runner, baseline: Path, candidates: dict[str, Path | str]) -
         recipe_name=recipe.name, recipe_file=loaded.file, base=loaded.base, spec=recipe.validation,
         rule=recipe.select, evaluation=runner.evaluation_set, eval_batch_size=recipe.data.evaluation.batch_size,
         calibration=runner.calibration_set, outputs=list(recipe.model.outputs), baseline=baseline,
-        candidates=candidates,
+        candidates=candidates, searches=loaded.searches,
     )
 
 

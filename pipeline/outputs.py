@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.cache import MODEL_FILE, key_of
+from pipeline.cache import MODEL_FILE, TUNING_FILE, key_of
 from pipeline.errors import RecipeError
 from pipeline.loading import LoadedRecipe
 from pipeline.recipe import Recipe
@@ -65,8 +65,8 @@ class OutputFolder:
 
 def _copy_model(record: ModelRecord, folder: Path) -> None:
     folder.mkdir()
-    for item in record.path.parent.iterdir():  # model.onnx and any external-data file beside it
-        if item.name == MODEL_FILE or item.name.startswith(MODEL_FILE + "."):
+    for item in record.path.parent.iterdir():  # model.onnx, any external-data file and tuning.json beside it
+        if item.name in (MODEL_FILE, TUNING_FILE) or item.name.startswith(MODEL_FILE + "."):
             shutil.copy2(item, folder / item.name)
 
 

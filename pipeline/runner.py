@@ -27,7 +27,7 @@ from pipeline.errors import OptionError, RecipeError, StepFailed, TemperError, f
 from pipeline.loading import LoadedRecipe
 from pipeline.recipe import DataSource, StepSpec
 from pipeline.steps import STEPS
-from pipeline.steps.base import Batch, StepContext
+from pipeline.steps.base import Batch, Scorer, StepContext
 
 LIBRARIES = ("temper-ml", "torch", "onnx", "onnxruntime", "onnxsim", "numpy")
 
@@ -111,6 +111,7 @@ class Runner:
         self.observer = observer or _Silent()
         self.versions = library_versions()
         self.scratch = Path(tempfile.mkdtemp(prefix="temper-"))
+        self._baseline: ModelRecord | None = None
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -154,6 +155,28 @@ class Runner:
         """Steps check their output on the sample batch: a new sample must re-run those checks."""
         return _fingerprint([self.sample()])
 
+    @cached_property
+    def evaluation_fingerprint(self) -> str:
+        data = self.evaluation_set
+        if data is None:
+            return "none"
+        labels = {} if data.labels is None else {"__labels__": np.asarray(data.labels)}
+        return _fingerprint([{**data.features, **labels}])
+
+    @cached_property
+    def scorer(self) -> Scorer:
+        """The accuracy gate for steps that aim at it; built on the baseline, so only after baseline()."""
+        from validators.scoring import GateScorer
+
+        spec, evaluation = self.recipe.validation, self.recipe.data.evaluation
+        if spec is None or spec.accuracy is None:
+            raise RecipeError(self.loaded.file, "validate.accuracy", "a quantize fallback aims at the accuracy budget: add validate.accuracy")
+        if evaluation is None or self.evaluation_set is None:
+            raise RecipeError(self.loaded.file, "data.evaluation", "a quantize fallback scores trials on the evaluation set: add data.evaluation")
+        assert self._baseline is not None, "baseline() runs before any candidate step"
+        return GateScorer(spec, self._baseline.path, list(self.recipe.model.outputs), self.evaluation_set,
+                          self.calibration_set, evaluation.batch_size, self.loaded.base, self.loaded.file)
+
     def sample(self) -> Batch:
         """One real batch: evaluation data first (what the model will see), else calibration data."""
         for which in ("evaluation", "calibration"):
@@ -163,7 +186,8 @@ class Runner:
         raise RecipeError(self.loaded.file, "data", "this recipe's steps need a real batch: add data.evaluation or data.calibration")
 
     def _context(self, folder: Path) -> StepContext:
-        return StepContext(self.recipe.model.inputs, lambda: self.calibration_batches, self.sample, folder)
+        return StepContext(self.recipe.model.inputs, lambda: self.calibration_batches, self.sample, folder,
+                           lambda: self.scorer)
 
     # -- models -----------------------------------------------------------------------------------
     def source(self) -> ModelRecord:
@@ -232,6 +256,10 @@ class Runner:
                                              sample=self.sample_fingerprint)
             if step.uses_calibration(options):
                 key_parts["data"] = self.calibration_fingerprint
+            if step.uses_evaluation(options):
+                accuracy = self.recipe.validation.accuracy if self.recipe.validation else None
+                key_parts["gate"] = {"accuracy": accuracy.model_dump(mode="json") if accuracy else None,
+                                     "evaluation": self.evaluation_fingerprint, "baseline": records[0].sha256}
             key = key_of(**key_parts)
 
             def build(dst: Path, ctx: StepContext, step=step, options=options, parent=parent, where=where) -> None:
@@ -275,7 +303,9 @@ class Runner:
         return record
 
     def baseline(self) -> list[ModelRecord]:
-        return self.chain("baseline", self.source(), self.recipe.steps, "steps")
+        records = self.chain("baseline", self.source(), self.recipe.steps, "steps")
+        self._baseline = records[-1]
+        return records
 
     def run(self) -> RunResult:
         """Build the baseline, then every candidate; one candidate's failure does not stop the others."""

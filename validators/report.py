@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never a display
 import matplotlib.pyplot as plt  # noqa: E402
 
-FILES = ("report.json", "report.md", "junit.xml", "throughput.png", "tradeoff.png")
+FILES = ("report.json", "report.md", "junit.xml", "throughput.png", "tradeoff.png")  # + sensitivity-<candidate>.png
 
 
 def write(report: dict[str, Any], folder: Path) -> list[Path]:
@@ -25,6 +25,9 @@ def write(report: dict[str, Any], folder: Path) -> list[Path]:
         written.append(_throughput_plot(report, folder / "throughput.png"))
         if report["metric"]:
             written.append(_tradeoff_plot(report, folder / "tradeoff.png"))
+    for name, c in report["candidates"].items():
+        if c["tuning"] and c["tuning"]["ranking"]:
+            written.append(_sensitivity_plot(name, c["tuning"], folder / f"sensitivity-{name}.png"))
     return written
 
 
@@ -52,10 +55,54 @@ def markdown(report: dict[str, Any]) -> str:
         for name, m in rows:
             lines.append(f"| {name} | {m['provider']} | {m['batch_size']} | {m['samples_per_s']:,.0f} | "
                          f"{m['speedup']:.2f}x | {m['latency_ms']['p50']:.3f} | {m['latency_ms']['p99']:.3f} | {m['peak_rss_mb']:,.0f} |")
+    for name, search in report["searches"].items():
+        lines += _search_section(name, search, report)
+    for name, c in report["candidates"].items():
+        if c["tuning"]:
+            lines += _tuning_section(name, c["tuning"])
     failures = [(n, g) for n, c in report["candidates"].items() for g in c["gates"] if not g["passed"]]
     if failures:
         lines += ["", "## Failed gates", ""] + [f"- `{n}` {g['name']}: {g['detail']}" for n, g in failures]
     return "\n".join(lines) + "\n"
+
+
+RANKING_ROWS = 15  # the table; tuning.json holds the whole ranking
+
+
+def _search_section(name: str, search: dict[str, Any], report: dict[str, Any]) -> list[str]:
+    lines = ["", f"## Search: {name} ({len(search['trials'])} of {search['combinations']} combinations built)", "",
+             "| trial | verdict | drop | samples/s (largest batch) |", "|---|---|---|---|"]
+    for trial in search["trials"]:
+        c = report["candidates"][trial]
+        speed = max(c["throughput"], key=lambda m: m["batch_size"])["samples_per_s"] if c["throughput"] else None
+        lines.append(f"| {trial} | {'pass' if c['passed'] else 'FAIL'} | "
+                     f"{'—' if c['drop'] is None else format(c['drop'], '+.4f')} | {'—' if speed is None else format(speed, ',.0f')} |")
+    if search["combinations"] > len(search["trials"]):
+        lines += ["", f"{search['combinations'] - len(search['trials'])} combinations not built: raise max_trials to try them."]
+    return lines
+
+
+def _tuning_section(name: str, tuning: dict[str, Any]) -> list[str]:
+    outcome = "met" if tuning["met"] else "**not met**: the best model found is kept (the smallest drop)"
+    lines = ["", f"## Fallback: {name}", "",
+             f"Budget: {tuning['metric']} drop at most {tuning['allowed_drop']:.4f} from {tuning['baseline_metric']:.4f}; "
+             f"{outcome}; {len(tuning['trials'])} of at most {tuning['max_trials']} trials; kept: trial {tuning['best']}.", "",
+             "| trial | kind | nodes in float | metric | drop | samples/s | budget |", "|---|---|---|---|---|---|---|"]
+    for index, t in enumerate(tuning["trials"]):
+        speed = "—" if t["samples_per_s"] is None else f"{t['samples_per_s']:,.0f}"
+        lines.append(f"| {index}{' (kept)' if index == tuning['best'] else ''} | {t['kind']} | {len(t['float_nodes'])} | "
+                     f"{t['metric']:.4f} | {t['drop']:+.4f} | {speed} | {'met' if t['passed'] else 'missed'} |")
+    kept = tuning["trials"][tuning["best"]]["float_nodes"]
+    if kept:
+        lines += ["", "Kept in float: " + ", ".join(f"`{n}`" for n in kept)]
+    if tuning["ranking"]:
+        lines += ["", "Sensitivity (most harmful first; SQNR of the quantized tensors a node touches, dB; "
+                      "-200 = NaN/Inf where the float model has numbers):", "",
+                  "| rank | node | op | SQNR dB | output SQNR vs float dB |", "|---|---|---|---|---|"]
+        for rank, r in enumerate(tuning["ranking"][:RANKING_ROWS], 1):
+            acc = "—" if r["accumulated_db"] is None else f"{r['accumulated_db']:.1f}"
+            lines.append(f"| {rank} | `{r['node']}` | {r['op_type']} | {r['sqnr_db']:.1f} | {acc} |")
+    return lines
 
 
 def junit(report: dict[str, Any]) -> ET.ElementTree:
@@ -106,6 +153,21 @@ def _tradeoff_plot(report: dict[str, Any], path: Path) -> Path:
     ax.axvline(1.0, color="gray", linestyle=":", label="baseline speed")
     ax.set(xlabel="speedup over baseline (largest batch)", ylabel=f"{report['metric']} drop", title=f"{report['recipe']}: accuracy vs speed")
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _sensitivity_plot(name: str, tuning: dict[str, Any], path: Path) -> Path:
+    top = tuning["ranking"][:20]
+    fig, ax = plt.subplots(figsize=(8, 0.3 * len(top) + 1.5))
+    labels = [r["node"] if len(r["node"]) <= 60 else "…" + r["node"][-59:] for r in top]
+    ax.barh(range(len(top)), [r["sqnr_db"] for r in top], color="tab:red")
+    ax.set_yticks(range(len(top)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set(xlabel="SQNR of the quantized tensors it touches (dB; lower = more harmful)",
+           title=f"{name}: top {len(top)} nodes by quantization sensitivity")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

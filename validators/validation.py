@@ -6,6 +6,7 @@ take, a missing provider) are raised before anything slow runs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,10 +15,12 @@ from typing import Any
 import numpy as np
 
 from calibration.sources import Dataset
+from pipeline.cache import TUNING_FILE
 from pipeline import onnx_io
 from pipeline.errors import RecipeError
 from pipeline.recipe import ValidateSpec
-from validators import metrics
+from pipeline.search import Search
+from validators import scoring
 from validators.evaluate import predict
 from validators.fidelity import OutputComparison, compare
 from validators.gates import Gate, Verdict, at_least, at_most, select
@@ -39,6 +42,7 @@ class Subject:
     outputs: list[str]
     baseline: Path
     candidates: dict[str, Path | str]  # the built model, or the reason its build failed
+    searches: dict[str, Search] = field(default_factory=dict)  # searched candidate -> its trials
 
 
 @dataclass
@@ -48,6 +52,7 @@ class CandidateResult:
     drop: float | None = None
     fidelity: list[OutputComparison] = field(default_factory=list)
     throughput: list[Measurement] = field(default_factory=list)
+    tuning: dict[str, Any] | None = None  # the quantize fallback's record (tuning.json), when it ran
 
 
 @dataclass
@@ -77,20 +82,10 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
 
     progress("baseline › evaluate")
     base_out = predict(subject.baseline, subject.evaluation.features, subject.eval_batch_size)
-    metric, base_value, allowed, train = None, None, None, None
+    ref = None
     if spec.accuracy:
-        metric = metrics.resolve(spec.accuracy, subject.base, subject.recipe_file)
-        output = spec.accuracy.output or subject.outputs[0]
-        if output not in base_out:
-            raise RecipeError(subject.recipe_file, "validate.accuracy.output",
-                              f"no output named '{output}'; outputs: {', '.join(base_out)}")
-        reason = metric.fits(base_out[output], subject.evaluation.labels)
-        if reason:
-            raise RecipeError(subject.recipe_file, "validate.accuracy.metric", reason)
-        if metric.needs_training:
-            train = _training(subject, output)
-        base_value = metric.score(_metric_data(base_out[output], base_out[output], subject, train))
-        allowed = metrics.allowed_drop(spec.accuracy.max_drop, base_value)
+        ref = scoring.reference(spec, subject.baseline, base_out, subject.outputs, subject.evaluation,
+                                subject.calibration, subject.eval_batch_size, subject.base, subject.recipe_file)
 
     speeds = _bench_all(subject, {"baseline": subject.baseline, **built}, sample, progress)
     base_speed = speeds["baseline"]
@@ -102,21 +97,22 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
             result.verdict.gates.append(Gate("build", False, None, None, path))
             continue
         result.verdict.bytes = path.stat().st_size
+        if (path.parent / TUNING_FILE).is_file():
+            result.tuning = json.loads((path.parent / TUNING_FILE).read_text())
         result.verdict.gates.append(Gate("build", True, None, None, "built"))
         progress(f"{name} › evaluate")
         out = predict(path, subject.evaluation.features, subject.eval_batch_size)
-        if metric is not None and spec.accuracy is not None:
-            output = spec.accuracy.output or subject.outputs[0]
-            result.metric = metric.score(_metric_data(out[output], base_out[output], subject, train))
-            result.drop = metrics.drop(metric, base_value, result.metric)
-            result.verdict.gates.append(at_most("accuracy", result.drop, allowed, f"{metric.name} drop"))
+        if ref is not None:
+            result.metric, result.drop = ref.score(out)
+            result.verdict.gates.append(at_most("accuracy", result.drop, ref.allowed, f"{ref.metric.name} drop"))
         result.fidelity = [compare(o, base_out[o], out[o], atol=0.0, rtol=0.0) for o in base_out]
         result.verdict.gates += _fidelity_gates(result.fidelity, spec)
         result.throughput = speeds[name]
         result.verdict.gates += _speed_gates(result.throughput, base_speed, spec)
         result.verdict.speed = _rank_speed(result.throughput, spec)
     selected = select([r.verdict for r in results], subject.rule)
-    return Validation(subject, metric.name if metric else None, base_value, allowed, base_speed, results, selected)
+    return Validation(subject, ref.metric.name if ref else None, ref.value if ref else None,
+                      ref.allowed if ref else None, base_speed, results, selected)
 
 
 def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[str, np.ndarray]) -> None:
@@ -130,20 +126,6 @@ def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[
                 batch_of(structure, sample, size)
             except ValueError as exc:
                 raise RecipeError(subject.recipe_file, f"validate.throughput.batch_sizes[{index}]", f"{name}: {exc}") from None
-
-
-def _training(subject: Subject, output: str) -> tuple[np.ndarray, np.ndarray]:
-    data = subject.calibration
-    if data is None or data.labels is None:
-        raise RecipeError(subject.recipe_file, "validate.accuracy.metric",
-                          "metric probe trains on the baseline's outputs of the calibration set: "
-                          "add data.calibration with a label column")
-    return predict(subject.baseline, data.features, subject.eval_batch_size)[output], data.labels
-
-
-def _metric_data(outputs: np.ndarray, baseline: np.ndarray, subject: Subject, train: tuple | None) -> metrics.MetricData:
-    return metrics.MetricData(outputs, subject.evaluation.labels, baseline,
-                              train[0] if train else None, train[1] if train else None)
 
 
 def _fidelity_gates(comparisons: list[OutputComparison], spec: ValidateSpec) -> list[Gate]:
@@ -235,9 +217,12 @@ def as_report(validation: Validation) -> dict[str, Any]:
                 "fidelity": [f.as_dict() for f in c.fidelity],
                 "throughput": [{**m.as_dict(), "speedup": ups[c.verdict.name][f"{m.provider}/b{m.batch_size}"]}
                                for m in c.throughput],
+                "tuning": c.tuning,
             }
             for c in validation.candidates
         },
+        "searches": {name: {"trials": s.trials, "combinations": s.combinations}
+                     for name, s in subject.searches.items()},
         "select": subject.rule,
         "selected": validation.selected,
         "passed": validation.passed,

@@ -1,0 +1,40 @@
+"""`temper sensitivity`: the SQNR ranking of a candidate's static quantize step, without tuning."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+from pipeline import onnx_io
+from pipeline.errors import RecipeError
+from pipeline.recipe import FallbackOptions, QuantizeOptions
+from pipeline.runner import Runner
+from pipeline.steps import quantize_static, sensitivity
+from pipeline.steps.fallback import first_samples
+from pipeline.steps.quantize import calibration_feeds, needs_external_data
+
+
+def rank_candidate(runner: Runner, name: str, samples: int | None) -> list[sensitivity.NodeSensitivity]:
+    """Build the candidate's steps before its static quantize step (cached), calibrate, and rank."""
+    recipe, file = runner.recipe, runner.loaded.file
+    if name not in recipe.candidates:
+        trials = runner.loaded.searches.get(name)
+        hint = (f"it is a search: name one of its trials ({', '.join(trials.trials)})" if trials
+                else f"candidates: {', '.join(recipe.candidates)}")
+        raise RecipeError(file, "--candidate", f"no candidate named '{name}'; {hint}")
+    steps = recipe.candidates[name].steps
+    index = next((i for i, s in enumerate(steps) if isinstance(s.options, QuantizeOptions)
+                  and s.options.mode == "static" and s.options.backend == "ort"), None)
+    if index is None:
+        raise RecipeError(file, f"candidates.{name}.steps", "has no static quantize step (mode: static, backend: ort): "
+                                                           "the ranking measures what static INT8 does to each node")
+    options = steps[index].options
+    assert isinstance(options, QuantizeOptions)
+    base = runner.baseline()
+    source = runner.chain(name, base[-1], steps[:index], f"candidates.{name}.steps")[-1].path
+    structure = onnx_io.load_structure(source)
+    feeds = calibration_feeds(structure, runner.calibration_batches)
+    count = samples or (options.fallback or FallbackOptions()).samples
+    with contextlib.redirect_stdout(io.StringIO()):  # the quantizer's progress prints
+        prepared = quantize_static.prepare(source, options, feeds, runner.scratch, needs_external_data(structure))
+        return sensitivity.rank(prepared, options, first_samples(feeds, count), runner.scratch)

@@ -1,0 +1,84 @@
+"""The accuracy gate's reference side, shared by validation and by steps that aim at the budget
+(the quantize fallback): the metric, the baseline's outputs and score, and the allowed drop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from calibration.sources import Dataset
+from pipeline.errors import RecipeError
+from pipeline.recipe import ValidateSpec
+from validators import metrics
+from validators.evaluate import predict
+from validators.throughput import measure
+
+PROBE_KEY = "validate.accuracy.metric"
+TRIAL_SPEED_S = 0.5  # a trial's speed is for its report line; the gates measure properly later
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The baseline's side of the accuracy gate; `score` rates any model's outputs against it."""
+
+    metric: metrics.Metric
+    output: str
+    labels: np.ndarray | None
+    baseline_outputs: np.ndarray
+    train: tuple[np.ndarray, np.ndarray] | None
+    value: float
+    allowed: float
+
+    def score(self, outputs: dict[str, np.ndarray]) -> tuple[float, float]:
+        """(metric, drop from the baseline) of a model's outputs over the evaluation set."""
+        train_out, train_labels = self.train or (None, None)
+        value = self.metric.score(metrics.MetricData(outputs[self.output], self.labels, self.baseline_outputs,
+                                                     train_out, train_labels))
+        return value, metrics.drop(self.metric, self.value, value)
+
+
+def reference(spec: ValidateSpec, baseline: Path, baseline_outputs: dict[str, np.ndarray], outputs: list[str],
+              evaluation: Dataset, calibration: Dataset | None, batch_size: int, base: Path, file: str) -> Reference:
+    """Resolve the metric and check it fits the baseline's outputs and labels, before anything is scored."""
+    assert spec.accuracy is not None
+    metric = metrics.resolve(spec.accuracy, base, file)
+    output = spec.accuracy.output or outputs[0]
+    if output not in baseline_outputs:
+        raise RecipeError(file, "validate.accuracy.output", f"no output named '{output}'; outputs: {', '.join(baseline_outputs)}")
+    reason = metric.fits(baseline_outputs[output], evaluation.labels)
+    if reason:
+        raise RecipeError(file, PROBE_KEY, reason)
+    train = None
+    if metric.needs_training:
+        if calibration is None or calibration.labels is None:
+            raise RecipeError(file, PROBE_KEY, "metric probe trains on the baseline's outputs of the calibration set: "
+                                               "add data.calibration with a label column")
+        train = predict(baseline, calibration.features, batch_size)[output], calibration.labels
+    own = baseline_outputs[output]
+    value = metric.score(metrics.MetricData(own, evaluation.labels, own, *(train or (None, None))))
+    return Reference(metric, output, evaluation.labels, own, train, value, metrics.allowed_drop(spec.accuracy.max_drop, value))
+
+
+class GateScorer:
+    """The recipe's accuracy gate as a step's Scorer (pipeline.steps.base.Scorer)."""
+
+    def __init__(self, spec: ValidateSpec, baseline: Path, outputs: list[str], evaluation: Dataset,
+                 calibration: Dataset | None, batch_size: int, base: Path, file: str) -> None:
+        self.evaluation, self.batch_size, self.throughput = evaluation, batch_size, spec.throughput
+        base_out = predict(baseline, evaluation.features, batch_size)
+        self.reference = reference(spec, baseline, base_out, outputs, evaluation, calibration, batch_size, base, file)
+        self.metric = self.reference.metric.name
+        self.baseline_metric = self.reference.value
+        self.allowed_drop = self.reference.allowed
+
+    def score(self, model: Path) -> tuple[float, float]:
+        return self.reference.score(predict(model, self.evaluation.features, self.batch_size))
+
+    def speed(self, model: Path) -> float | None:
+        if self.throughput is None:
+            return None
+        size = max(self.throughput.batch_sizes)
+        sample = {k: v[:size] for k, v in self.evaluation.features.items()}
+        return measure(model, sample, size, "cpu", TRIAL_SPEED_S, min(self.throughput.warmup_s, TRIAL_SPEED_S)).samples_per_s

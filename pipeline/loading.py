@@ -50,21 +50,33 @@ def load_recipe(path: Path) -> LoadedRecipe:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
-        key, message = describe(exc.errors()[0], data)
+        key, message = _in_user_terms(*describe(exc.errors()[0], data), searches)
         raise RecipeError(file, key, message) from None
-    _fallbacks_have_a_budget(recipe, file)
+    _fallbacks_have_a_budget(recipe, file, searches)
     return LoadedRecipe(recipe, file, path.resolve().parent, hashlib.sha256(raw).hexdigest(), searches)
 
 
-def _fallbacks_have_a_budget(recipe: Recipe, file: str) -> None:
+def _in_user_terms(key: str, message: str, searches: dict[str, Search]) -> tuple[str, str]:
+    """An error in one combination of a search, at the key the user wrote, naming the combination."""
+    for search in searches.values():
+        for trial in search.trials:
+            prefix = f"candidates.{trial}"
+            if key == prefix or key.startswith(prefix + "."):
+                combination = trial.removeprefix(search.name + ".")
+                return f"candidates.{search.name}{key.removeprefix(prefix)}", f"{message} (in the combination {combination})"
+    return key, message
+
+
+def _fallbacks_have_a_budget(recipe: Recipe, file: str, searches: dict[str, Search]) -> None:
     if recipe.validation is not None and recipe.validation.accuracy is not None:
         return
     for name, candidate in recipe.candidates.items():
         for index, step in enumerate(candidate.steps):
             if isinstance(step.options, QuantizeOptions) and step.options.fallback is not None:
-                raise RecipeError(file, f"candidates.{name}.steps[{index}].quantize.fallback",
-                                  "aims at the accuracy budget, but the recipe has no validate.accuracy: "
-                                  "add one, e.g. validate: {accuracy: {metric: top1, max_drop: 0.01}}")
+                raise RecipeError(file, *_in_user_terms(
+                    f"candidates.{name}.steps[{index}].quantize.fallback",
+                    "aims at the accuracy budget, but the recipe has no validate.accuracy: "
+                    "add one, e.g. validate: {accuracy: {metric: top1, max_drop: 0.01}}", searches))
 
 
 def describe(error: Any, data: Any) -> tuple[str, str]:

@@ -135,7 +135,7 @@ class Fp16Options(Strict):
 
 class FallbackOptions(Strict):
     """Accuracy-aware fallback for static INT8: keep the nodes that hurt most in float until the
-    validate.accuracy budget holds, ranked by the SQNR of their activations on calibration data."""
+    validate.accuracy budget (and validate.fidelity) hold, ranked by the SQNR of their tensors on calibration data."""
 
     max_trials: PositiveInt = Field(12, description="quantize-and-evaluate rounds at most, the plain INT8 model included")
     refine: int = Field(0, ge=0, description="re-rank this many top suspects by the real metric, each kept in float alone "

@@ -87,11 +87,11 @@ def _tuning_section(name: str, tuning: dict[str, Any]) -> list[str]:
     lines = ["", f"## Fallback: {name}", "",
              f"Budget: {tuning['metric']} drop at most {tuning['allowed_drop']:.4f} from {tuning['baseline_metric']:.4f}; "
              f"{outcome}; {len(tuning['trials'])} of at most {tuning['max_trials']} trials; kept: trial {tuning['best']}.", "",
-             "| trial | kind | nodes in float | metric | drop | samples/s | budget |", "|---|---|---|---|---|---|---|"]
+             "| trial | kind | nodes in float | metric | drop | cosine | samples/s | gates |", "|---|---|---|---|---|---|---|---|"]
     for index, t in enumerate(tuning["trials"]):
         speed = "—" if t["samples_per_s"] is None else f"{t['samples_per_s']:,.0f}"
         lines.append(f"| {index}{' (kept)' if index == tuning['best'] else ''} | {t['kind']} | {len(t['float_nodes'])} | "
-                     f"{t['metric']:.4f} | {t['drop']:+.4f} | {speed} | {'met' if t['passed'] else 'missed'} |")
+                     f"{t['metric']:.4f} | {t['drop']:+.4f} | {t['cosine']:.4f} | {speed} | {'held' if t['passed'] else 'missed'} |")
     kept = tuning["trials"][tuning["best"]]["float_nodes"]
     if kept:
         lines += ["", "Kept in float: " + ", ".join(f"`{n}`" for n in kept)]

@@ -12,7 +12,9 @@ from calibration.sources import Dataset
 from pipeline.errors import RecipeError
 from pipeline.recipe import ValidateSpec
 from validators import metrics
+from pipeline.steps.base import Score
 from validators.evaluate import predict
+from validators.fidelity import compare
 from validators.throughput import measure
 
 PROBE_KEY = "validate.accuracy.metric"
@@ -62,23 +64,31 @@ def reference(spec: ValidateSpec, baseline: Path, baseline_outputs: dict[str, np
 
 
 class GateScorer:
-    """The recipe's accuracy gate as a step's Scorer (pipeline.steps.base.Scorer)."""
+    """The recipe's accuracy and fidelity gates as a step's Scorer (pipeline.steps.base.Scorer)."""
 
     def __init__(self, spec: ValidateSpec, baseline: Path, outputs: list[str], evaluation: Dataset,
                  calibration: Dataset | None, batch_size: int, base: Path, file: str) -> None:
-        self.evaluation, self.batch_size, self.throughput = evaluation, batch_size, spec.throughput
-        base_out = predict(baseline, evaluation.features, batch_size)
-        self.reference = reference(spec, baseline, base_out, outputs, evaluation, calibration, batch_size, base, file)
+        self.spec, self.evaluation, self.batch_size = spec, evaluation, batch_size
+        self.baseline_outputs = predict(baseline, evaluation.features, batch_size)
+        self.reference = reference(spec, baseline, self.baseline_outputs, outputs, evaluation, calibration,
+                                   batch_size, base, file)
         self.metric = self.reference.metric.name
         self.baseline_metric = self.reference.value
         self.allowed_drop = self.reference.allowed
 
-    def score(self, model: Path) -> tuple[float, float]:
-        return self.reference.score(predict(model, self.evaluation.features, self.batch_size))
+    def score(self, model: Path) -> Score:
+        from validators.validation import fidelity_gates  # validation imports this module
+
+        out = predict(model, self.evaluation.features, self.batch_size)
+        metric, drop = self.reference.score(out)
+        comparisons = [compare(name, self.baseline_outputs[name], out[name], atol=0.0, rtol=0.0) for name in out]
+        failed = [g.name for g in fidelity_gates(comparisons, self.spec) if not g.passed]
+        return Score(metric, drop, min(c.cosine for c in comparisons), failed)
 
     def speed(self, model: Path) -> float | None:
-        if self.throughput is None:
+        throughput = self.spec.throughput
+        if throughput is None:
             return None
-        size = max(self.throughput.batch_sizes)
+        size = max(throughput.batch_sizes)
         sample = {k: v[:size] for k, v in self.evaluation.features.items()}
-        return measure(model, sample, size, "cpu", TRIAL_SPEED_S, min(self.throughput.warmup_s, TRIAL_SPEED_S)).samples_per_s
+        return measure(model, sample, size, "cpu", TRIAL_SPEED_S, min(throughput.warmup_s, TRIAL_SPEED_S)).samples_per_s

@@ -106,7 +106,7 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
             result.metric, result.drop = ref.score(out)
             result.verdict.gates.append(at_most("accuracy", result.drop, ref.allowed, f"{ref.metric.name} drop"))
         result.fidelity = [compare(o, base_out[o], out[o], atol=0.0, rtol=0.0) for o in base_out]
-        result.verdict.gates += _fidelity_gates(result.fidelity, spec)
+        result.verdict.gates += fidelity_gates(result.fidelity, spec)
         result.throughput = speeds[name]
         result.verdict.gates += _speed_gates(result.throughput, base_speed, spec)
         result.verdict.speed = _rank_speed(result.throughput, spec)
@@ -128,7 +128,8 @@ def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[
                 raise RecipeError(subject.recipe_file, f"validate.throughput.batch_sizes[{index}]", f"{name}: {exc}") from None
 
 
-def _fidelity_gates(comparisons: list[OutputComparison], spec: ValidateSpec) -> list[Gate]:
+def fidelity_gates(comparisons: list[OutputComparison], spec: ValidateSpec) -> list[Gate]:
+    """NaN/Inf per output, and the recipe's cosine / atol bounds (also what the quantize fallback aims at)."""
     gates = []
     for c in comparisons:
         gates.append(Gate(f"fidelity.{c.name}.finite", c.nonfinite == 0, float(c.nonfinite), 0.0,

@@ -20,17 +20,25 @@ Batch = dict[str, np.ndarray]
 Options = TypeVar("Options", bound=BaseModel)
 
 
+@dataclass(frozen=True)
+class Score:
+    """One model against the recipe's accuracy and fidelity gates on the evaluation set."""
+
+    metric: float
+    drop: float  # from the baseline; the accuracy gate holds when drop <= allowed_drop
+    cosine: float  # the lowest cosine to the baseline over the outputs
+    fidelity_failed: list[str]  # names of the fidelity gates that failed
+
+
 class Scorer(Protocol):
-    """The recipe's accuracy gate as a step can use it: the metric of a model on the evaluation set,
-    its drop from the baseline, and a quick speed reading for reports."""
+    """The recipe's gates as a step can use them: a model's metric, drop and fidelity on the
+    evaluation set, and a quick speed reading for reports."""
 
     metric: str
     baseline_metric: float
     allowed_drop: float
 
-    def score(self, model: Path) -> tuple[float, float]:
-        """(metric, drop from the baseline); the gate holds when drop <= allowed_drop."""
-        ...
+    def score(self, model: Path) -> Score: ...
 
     def speed(self, model: Path) -> float | None:
         """Samples/s at the recipe's largest throughput batch size, or None without a throughput section."""

@@ -1,5 +1,5 @@
 """Accuracy-aware fallback for static INT8: keep the nodes that hurt most in float until the
-recipe's accuracy budget holds.
+recipe's accuracy budget and its fidelity gates hold on the evaluation set.
 
 Order of work, cheapest first: the plain INT8 model; the SQNR ranking (one pass over a few
 calibration batches); optionally each top suspect alone in float, measured with the real metric,
@@ -32,8 +32,9 @@ class Trial:
     float_nodes: list[str]  # kept float beyond the recipe's own exclude_nodes / exclude_op_types
     metric: float
     drop: float
+    cosine: float
     samples_per_s: float | None
-    passed: bool
+    passed: bool  # the accuracy budget and every fidelity gate hold
 
 
 def tune(prepared: quantize_static.Prepared, dst: Path, options: QuantizeOptions, keep_float: list[str],
@@ -77,8 +78,9 @@ class _Tuner:
         if key in self.tried:
             return self.tried[key]
         quantize_static.write(self.prepared, self.path, self.options, sorted({*self.keep_float, *nodes}))
-        metric, drop = self.scorer.score(self.path)
-        trial = Trial(kind, sorted(nodes), metric, drop, self.scorer.speed(self.path), drop <= self.scorer.allowed_drop)
+        score = self.scorer.score(self.path)
+        passed = score.drop <= self.scorer.allowed_drop and not score.fidelity_failed
+        trial = Trial(kind, sorted(nodes), score.metric, score.drop, score.cosine, self.scorer.speed(self.path), passed)
         self.trials.append(trial)
         self.tried[key] = trial
         return trial

@@ -1,0 +1,116 @@
+"""The accuracy fallback and the sensitivity ranking: the SQNR arithmetic, a budget that cannot be
+met on digits (the best model is still kept and reported), `temper sensitivity`, and the proof on
+MiniLM where plain static INT8 misses a real task's budget and the fallback meets it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+
+from pipeline.steps import sensitivity
+from tests.conftest import REPO, RECIPES, edit_recipe
+
+SCHEMA = json.loads((REPO / "validators" / "report.schema.json").read_text())
+
+
+def _report(out: Path) -> dict:
+    report = json.loads((out / "report.json").read_text())
+    jsonschema.validate(report, SCHEMA)
+    return report
+
+
+def _sqnr(reference: np.ndarray, test: np.ndarray) -> float:
+    return sensitivity._sqnr(*sensitivity._energies([reference], [test]))
+
+
+def test_sqnr_is_signal_over_noise_in_db_and_a_nan_the_float_model_lacks_is_the_worst_score():
+    rng = np.random.default_rng(0)
+    signal = rng.standard_normal(10_000).astype(np.float32)
+    noise = rng.standard_normal(10_000).astype(np.float32)
+    noise *= np.linalg.norm(signal) / np.linalg.norm(noise) / 100  # noise energy 1e-4 of the signal's
+    assert _sqnr(signal, signal + noise) == pytest.approx(40.0, abs=0.5)
+    assert _sqnr(signal, signal) == sensitivity.NOISELESS_DB
+    broken = signal.copy()
+    broken[3] = np.nan
+    assert _sqnr(signal, broken) == sensitivity.BROKEN_DB
+    masked = np.array([1.0, -np.inf, 2.0], dtype=np.float32)  # an attention mask the INT8 model reproduces
+    assert _sqnr(masked, masked.copy()) == sensitivity.NOISELESS_DB
+    big = np.array([-3.4e38, 1.0, 2.0], dtype=np.float32)  # float32 would overflow squaring this
+    assert np.isfinite(_sqnr(big, big * 0.99))
+
+
+def test_sensitivity_ranks_digits_nodes_most_harmful_first(temper, gated_digits):
+    result = temper("sensitivity", gated_digits, "--candidate", "int8-static", "--json")
+    assert result.code == 0, result.stderr
+    ranking = json.loads(result.stdout)
+    scores = [r["sqnr_db"] for r in ranking]
+    assert scores == sorted(scores) and len(ranking) >= 4
+    assert {"Conv", "Gemm"} & {r["op_type"] for r in ranking}
+    table = temper("sensitivity", gated_digits, "--candidate", "int8-static", "--top", "2")
+    rows = [line for line in table.stdout.splitlines() if line.startswith("│")]
+    assert table.code == 0 and len(rows) == 2
+    assert [row.split("│")[2].strip() for row in rows] == [ranking[0]["node"], ranking[1]["node"]]
+
+
+def test_a_budget_the_fallback_cannot_meet_keeps_the_best_model_and_reports_every_trial(temper, gated_digits, tmp_path):
+    def unreachable(d: dict) -> None:
+        # mse against the baseline with no drop allowed: only a model with no quantized node holds it
+        d["validate"]["accuracy"] = {"metric": "mse", "max_drop": 0.0}
+        d["candidates"] = {"int8-static": {"steps": [
+            {"quantize": {"mode": "static", "per_channel": True, "fallback": {"max_trials": 3}}}]}}
+        del d["publish"]
+
+    edit_recipe(gated_digits, unreachable)
+    out = tmp_path / "out"
+    result = temper("run", gated_digits, "--output", out)
+    assert result.code == 1
+    assert "fallback: int8-static missed the budget after 3 trials" in result.stderr
+    report = _report(out)
+    tuning = report["candidates"]["int8-static"]["tuning"]
+    assert tuning == json.loads((out / "int8-static" / "tuning.json").read_text())
+    assert not tuning["met"] and [t["kind"] for t in tuning["trials"]] == ["plain", "cumulative", "cumulative"]
+    assert [len(t["float_nodes"]) for t in tuning["trials"]] == [0, 1, 2]
+    drops = [t["drop"] for t in tuning["trials"]]
+    assert tuning["best"] == drops.index(min(drops))
+    ranking = [r["node"] for r in tuning["ranking"]]
+    assert tuning["trials"][2]["float_nodes"] == sorted(ranking[:2])  # the two most harmful, cumulatively
+    # the kept model is the best trial's: its drop is what the accuracy gate measured
+    assert report["candidates"]["int8-static"]["drop"] == pytest.approx(min(drops), rel=1e-6, abs=1e-12)
+    assert "## Fallback: int8-static" in (out / "report.md").read_text()
+    assert (out / "sensitivity-int8-static.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_on_minilm_plain_static_int8_misses_the_budget_and_the_fallback_meets_it(temper, tmp_path, monkeypatch):
+    recipe = tmp_path / "minilm-static.yaml"
+    recipe.write_text((RECIPES / "minilm-static.yaml").read_text())
+    for name in ("minilm_model.py", "minilm_data.py"):
+        (tmp_path / name).write_text((RECIPES / name).read_text())
+    (tmp_path / "data").symlink_to(RECIPES / "data")
+
+    def two_candidates(d: dict) -> None:
+        del d["candidates"]["int8-dynamic"]
+        d["validate"]["throughput"].update(batch_sizes=[8], duration_s=0.5)
+
+    edit_recipe(recipe, two_candidates)
+    out = tmp_path / "out"
+    result = temper("run", recipe, "--output", out, "--require", "int8-static-fallback")
+    report = _report(out)
+    plain, tuned = report["candidates"]["int8-static"], report["candidates"]["int8-static-fallback"]
+    allowed = report["allowed_drop"]
+    assert plain["drop"] > allowed and not plain["passed"]
+    assert tuned["drop"] <= allowed
+    assert result.code == 0, result.stderr
+
+    tuning = tuned["tuning"]
+    assert tuning["met"] and tuning["trials"][0]["kind"] == "plain"
+    assert tuning["trials"][0]["drop"] == pytest.approx(plain["drop"])  # same settings, same model
+    kept = tuning["trials"][tuning["best"]]["float_nodes"]
+    assert 0 < len(kept) < len(tuning["ranking"]) / 3  # a few nodes in float, not the model
+    # the cause the ranking finds: NaN in the attention scores where the float model has numbers
+    top = tuning["ranking"][0]
+    assert top["sqnr_db"] == sensitivity.BROKEN_DB and "/attention/self/" in top["node"]

@@ -21,7 +21,6 @@ from rich.text import Text
 from pipeline.cache import StepCache, default_root
 from pipeline.errors import TemperError
 from pipeline.loading import LoadedRecipe, load_recipe
-from pipeline.recipe import Recipe
 from pipeline.runner import ModelRecord, Runner, RunResult
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Recipes in, optimized and gated ONNX models out.")
@@ -244,9 +243,9 @@ def sensitivity(
 @app.command()
 def schema() -> None:
     """Print the recipe JSON Schema (for editor completion and validation)."""
-    from pipeline.search import json_schema
+    from pipeline.schema import recipe_schema
 
-    print(json.dumps(json_schema(Recipe.model_json_schema(by_alias=True)), indent=2))
+    print(json.dumps(recipe_schema(), indent=2))
 
 
 @app.command()

@@ -132,20 +132,5 @@ def _with(spec: dict[str, Any], axes: list[_Axis], values: tuple[Any, ...]) -> d
 
 
 def _label(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    return str(value).lower() if isinstance(value, bool) or value is None else str(value)
 
-
-def json_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """The recipe JSON Schema with what expansion accepts before the schema sees it: a list of
-    alternatives for each searchable option, and a candidate's max_trials."""
-    defs = schema["$defs"]
-    for kind, keys in SEARCHABLE.items():
-        properties = defs[OPTION_MODELS[kind].__name__]["properties"]
-        for key in keys:
-            one = {k: v for k, v in properties[key].items() if k not in ("default", "description", "title")}
-            properties[key] = {**{k: v for k, v in properties[key].items() if k in ("default", "description", "title")},
-                               "anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
-    defs["CandidateSpec"]["properties"]["max_trials"] = {
-        "type": "integer", "minimum": 1, "default": DEFAULT_MAX_TRIALS,
-        "description": "when step options list alternatives: build and validate at most this many combinations"}
-    return schema

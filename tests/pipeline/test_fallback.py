@@ -114,3 +114,34 @@ def test_on_minilm_plain_static_int8_misses_the_budget_and_the_fallback_meets_it
     # the cause the ranking finds: NaN in the attention scores where the float model has numbers
     top = tuning["ranking"][0]
     assert top["sqnr_db"] == sensitivity.BROKEN_DB and "/attention/self/" in top["node"]
+
+
+def test_refine_measures_each_top_suspect_alone_before_accumulating(temper, gated_digits, tmp_path):
+    def refine(d: dict) -> None:
+        d["validate"]["accuracy"] = {"metric": "mse", "max_drop": 0.0}  # unreachable: every trial is recorded
+        d["candidates"] = {"int8-static": {"steps": [
+            {"quantize": {"mode": "static", "fallback": {"max_trials": 4, "refine": 2}}}]}}
+        del d["publish"]
+
+    edit_recipe(gated_digits, refine)
+    out = tmp_path / "out"
+    assert temper("run", gated_digits, "--output", out).code == 1
+    tuning = _report(out)["candidates"]["int8-static"]["tuning"]
+    trials, ranking = tuning["trials"], [r["node"] for r in tuning["ranking"]]
+    assert [t["kind"] for t in trials] == ["plain", "refine", "refine", "cumulative"]
+    assert [t["float_nodes"] for t in trials[1:3]] == [[ranking[0]], [ranking[1]]]
+    # the cumulative pass starts with the measured winner alone: tried already, so it costs no trial
+    assert trials[3]["float_nodes"] == sorted(ranking[:2])
+    assert len({tuple(t["float_nodes"]) for t in trials}) == len(trials)
+
+
+def test_a_block_mostly_in_float_goes_float_whole():
+    from pipeline.steps.fallback import _whole_blocks
+
+    assert sensitivity.block_of("/encoder/layer.3/attention/self/Softmax") == "/encoder/layer.3"
+    assert sensitivity.block_of("/features/conv1/Conv") == "/features/conv1"
+    assert sensitivity.block_of("node_relu_1") == ""
+    blocks = {"/l.0": ["a", "b", "c", "d"], "/l.1": ["e", "f", "g", "h", "i"]}
+    assert _whole_blocks(["a", "b", "e"], blocks) == ["a", "b", "c", "d", "e"]  # 2 of 4: whole block
+    assert _whole_blocks(["e", "f", "a"], blocks) == ["a", "e", "f"]  # 2 of 5: not yet
+    assert _whole_blocks(["a"], {"/l.0": ["a"]}) == ["a"]

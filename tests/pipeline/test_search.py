@@ -107,3 +107,15 @@ def test_the_tensorrt_preset_writes_symmetric_int8_with_a_qdq_pair_on_every_weig
     weights = [n for n in quantize if n.input[0] in inits and inits[n.input[0]].data_type == TensorProto.FLOAT]
     convs = [n for n in model.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")]
     assert len(weights) >= len(convs) > 0  # float weights quantized in-graph: TensorRT fuses each layer itself
+
+
+def test_every_shipped_recipe_passes_check_and_matches_the_published_schema(temper):
+    """The recipes in recipes/ are what users copy: each loads, its references resolve, and the JSON
+    Schema that `temper schema` prints accepts it (lists of alternatives and null presets included)."""
+    import yaml
+
+    schema = json.loads(temper("schema").stdout)
+    for recipe in sorted((REPO / "recipes").glob("*.yaml")):
+        jsonschema.validate(yaml.safe_load(recipe.read_text()), schema)
+        result = temper("check", recipe)
+        assert result.code == 0, f"{recipe.name}: {result.stderr}"

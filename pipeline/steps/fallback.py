@@ -18,7 +18,6 @@ import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from pipeline.cache import TUNING_FILE
 from pipeline.recipe import FallbackOptions, QuantizeOptions
@@ -38,13 +37,12 @@ class Trial:
 
 
 def tune(prepared: quantize_static.Prepared, dst: Path, options: QuantizeOptions, keep_float: list[str],
-         feeds: list[Batch], scorer: Scorer, scratch: Path) -> dict[str, Any]:
-    """Write the best model found to `dst` and its record to `dst.parent / tuning.json`; return the record."""
+         feeds: list[Batch], scorer: Scorer, scratch: Path) -> None:
+    """Write the best model found to `dst` and its record to `dst.parent / tuning.json`."""
     assert options.fallback is not None
     tuner = _Tuner(prepared, options, keep_float, scorer, scratch / "trial.onnx")
-    tuner.attempt("plain", [])
     ranking: list[sensitivity.NodeSensitivity] = []
-    if not tuner.done:
+    if not tuner.attempt("plain", []).passed:  # ranked even with no trial left: the report shows it
         ranking = [r for r in sensitivity.rank(prepared, options, first_samples(feeds, options.fallback.samples), scratch)
                    if r.node not in keep_float]
         order = tuner.refine([r.node for r in ranking], options.fallback)
@@ -57,7 +55,6 @@ def tune(prepared: quantize_static.Prepared, dst: Path, options: QuantizeOptions
         "trials": [asdict(t) for t in tuner.trials], "ranking": [r.as_dict() for r in ranking],
     }
     (dst.parent / TUNING_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    return record
 
 
 class _Tuner:

@@ -145,3 +145,17 @@ def test_a_block_mostly_in_float_goes_float_whole():
     assert _whole_blocks(["a", "b", "e"], blocks) == ["a", "b", "c", "d", "e"]  # 2 of 4: whole block
     assert _whole_blocks(["e", "f", "a"], blocks) == ["a", "e", "f"]  # 2 of 5: not yet
     assert _whole_blocks(["a"], {"/l.0": ["a"]}) == ["a"]
+
+
+def test_with_one_trial_the_plain_model_is_kept_and_the_ranking_still_reported(temper, gated_digits, tmp_path):
+    def one(d: dict) -> None:
+        d["validate"]["accuracy"] = {"metric": "mse", "max_drop": 0.0}
+        d["candidates"] = {"int8-static": {"steps": [{"quantize": {"mode": "static", "fallback": {"max_trials": 1}}}]}}
+        del d["publish"]
+
+    edit_recipe(gated_digits, one)
+    out = tmp_path / "out"
+    assert temper("run", gated_digits, "--output", out).code == 1
+    tuning = _report(out)["candidates"]["int8-static"]["tuning"]
+    assert [t["kind"] for t in tuning["trials"]] == ["plain"] and not tuning["met"]
+    assert tuning["ranking"], "the ranking tells the user what to exclude by hand"

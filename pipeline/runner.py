@@ -257,8 +257,8 @@ class Runner:
             if step.uses_calibration(options):
                 key_parts["data"] = self.calibration_fingerprint
             if step.uses_evaluation(options):
-                accuracy = self.recipe.validation.accuracy if self.recipe.validation else None
-                key_parts["gate"] = {"accuracy": accuracy.model_dump(mode="json") if accuracy else None,
+                gates = self.recipe.validation  # what it aims at; throughput only informs its report
+                key_parts["gate"] = {"gates": gates.model_dump(mode="json", include={"accuracy", "fidelity"}) if gates else None,
                                      "evaluation": self.evaluation_fingerprint, "baseline": records[0].sha256}
             key = key_of(**key_parts)
 

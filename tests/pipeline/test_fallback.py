@@ -159,3 +159,18 @@ def test_with_one_trial_the_plain_model_is_kept_and_the_ranking_still_reported(t
     tuning = _report(out)["candidates"]["int8-static"]["tuning"]
     assert [t["kind"] for t in tuning["trials"]] == ["plain"] and not tuning["met"]
     assert tuning["ranking"], "the ranking tells the user what to exclude by hand"
+
+
+def test_the_fallback_is_rebuilt_when_a_gate_it_aims_at_changes_and_cached_otherwise(temper, gated_digits, tmp_path):
+    def one(d: dict) -> None:
+        d["validate"]["accuracy"] = {"metric": "mse", "max_drop": 0.0}
+        d["candidates"] = {"int8-static": {"steps": [{"quantize": {"mode": "static", "fallback": {"max_trials": 1}}}]}}
+        del d["publish"]
+
+    edit_recipe(gated_digits, one)
+    out = tmp_path / "out"
+    temper("run", gated_digits, "--output", out)
+    edit_recipe(gated_digits, lambda d: d["validate"]["throughput"].update(duration_s=0.3))  # only informs reports
+    assert "int8-static › quantize  cached" in temper("run", gated_digits, "--output", out).stderr
+    edit_recipe(gated_digits, lambda d: d["validate"]["fidelity"].update(cosine_min=0.999))  # a gate it aims at
+    assert "int8-static › quantize  cached" not in temper("run", gated_digits, "--output", out).stderr

@@ -18,6 +18,7 @@ ended without a report.json for any other reason (crash, interrupt).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -151,13 +152,11 @@ def _load(recipe: Path) -> dict | None:
 
 def _machine() -> str:
     cpu = platform.processor() or platform.machine()
-    try:
+    with contextlib.suppress(OSError):  # no /proc (not Linux): keep platform's name
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    except OSError:
-        pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     ort = "not installed"
     for dist in ("onnxruntime", "onnxruntime-gpu"):

@@ -354,7 +354,7 @@ class Server:
                 if request(self.port, "GET", path, timeout=2)[0] == 200:
                     return
             except OSError:
-                pass
+                pass  # not listening yet: poll again
             time.sleep(0.25)
         raise SystemExit(f"error: {self.name} not ready on {path} within {timeout:.0f}s; see {self.logfile}")
 

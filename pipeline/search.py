@@ -40,10 +40,6 @@ class Search:
     trials: list[str]
     combinations: int
 
-    @property
-    def skipped(self) -> int:
-        return self.combinations - len(self.trials)
-
 
 def expand(data: dict[str, Any], file: str) -> tuple[dict[str, Any], dict[str, Search]]:
     """The recipe data with every searched candidate replaced by its combinations (in order, the

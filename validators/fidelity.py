@@ -6,6 +6,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from pipeline.recipe import ValidateSpec
+from validators.gates import Gate, at_least, at_most
+
 
 @dataclass(frozen=True)
 class OutputComparison:
@@ -51,3 +54,16 @@ def compare(name: str, reference: np.ndarray, candidate: np.ndarray, atol: float
         nonfinite=nonfinite,
         within_tolerance=finite and bool(np.allclose(got, ref, atol=atol, rtol=rtol)),
     )
+
+
+def fidelity_gates(comparisons: list[OutputComparison], spec: ValidateSpec) -> list[Gate]:
+    """NaN/Inf per output, and the recipe's cosine / atol bounds (also what the quantize fallback aims at)."""
+    gates = []
+    for c in comparisons:
+        gates.append(Gate(f"fidelity.{c.name}.finite", c.nonfinite == 0, float(c.nonfinite), 0.0,
+                          f"{c.nonfinite} NaN/Inf values" if c.nonfinite else "all values finite"))
+        if spec.fidelity and spec.fidelity.cosine_min is not None:
+            gates.append(at_least(f"fidelity.{c.name}.cosine", c.cosine, spec.fidelity.cosine_min, "cosine to baseline"))
+        if spec.fidelity and spec.fidelity.atol is not None:
+            gates.append(at_most(f"fidelity.{c.name}.max_abs", c.max_abs, spec.fidelity.atol, "max abs error"))
+    return gates

@@ -12,8 +12,6 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never a display
 import matplotlib.pyplot as plt  # noqa: E402
 
-FILES = ("report.json", "report.md", "junit.xml", "throughput.png", "tradeoff.png")  # + sensitivity-<candidate>.png
-
 
 def write(report: dict[str, Any], folder: Path) -> list[Path]:
     """Write every report file into `folder`; plots only where there is something to plot."""

@@ -11,13 +11,12 @@ import numpy as np
 from calibration.sources import Dataset
 from pipeline.errors import RecipeError
 from pipeline.recipe import ValidateSpec
-from validators import metrics
 from pipeline.steps.base import Score
+from validators import metrics
 from validators.evaluate import predict
-from validators.fidelity import compare
+from validators.fidelity import compare, fidelity_gates
 from validators.throughput import measure
 
-PROBE_KEY = "validate.accuracy.metric"
 TRIAL_SPEED_S = 0.5  # a trial's speed is for its report line; the gates measure properly later
 
 
@@ -51,11 +50,11 @@ def reference(spec: ValidateSpec, baseline: Path, baseline_outputs: dict[str, np
         raise RecipeError(file, "validate.accuracy.output", f"no output named '{output}'; outputs: {', '.join(baseline_outputs)}")
     reason = metric.fits(baseline_outputs[output], evaluation.labels)
     if reason:
-        raise RecipeError(file, PROBE_KEY, reason)
+        raise RecipeError(file, metrics.KEY, reason)
     train = None
     if metric.needs_training:
         if calibration is None or calibration.labels is None:
-            raise RecipeError(file, PROBE_KEY, "metric probe trains on the baseline's outputs of the calibration set: "
+            raise RecipeError(file, metrics.KEY, "metric probe trains on the baseline's outputs of the calibration set: "
                                                "add data.calibration with a label column")
         train = predict(baseline, calibration.features, batch_size)[output], calibration.labels
     own = baseline_outputs[output]
@@ -77,8 +76,6 @@ class GateScorer:
         self.allowed_drop = self.reference.allowed
 
     def score(self, model: Path) -> Score:
-        from validators.validation import fidelity_gates  # validation imports this module
-
         out = predict(model, self.evaluation.features, self.batch_size)
         metric, drop = self.reference.score(out)
         comparisons = [compare(name, self.baseline_outputs[name], out[name], atol=0.0, rtol=0.0) for name in out]

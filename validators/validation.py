@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 
 from calibration.sources import Dataset
-from pipeline.cache import TUNING_FILE
 from pipeline import onnx_io
+from pipeline.cache import TUNING_FILE
 from pipeline.errors import RecipeError
 from pipeline.recipe import ValidateSpec
 from pipeline.search import Search
 from validators import scoring
 from validators.evaluate import predict
-from validators.fidelity import OutputComparison, compare
+from validators.fidelity import OutputComparison, compare, fidelity_gates
 from validators.gates import Gate, Verdict, at_least, at_most, select
 from validators.throughput import Measurement, batch_of, measure, session_for
 
@@ -126,19 +126,6 @@ def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[
                 batch_of(structure, sample, size)
             except ValueError as exc:
                 raise RecipeError(subject.recipe_file, f"validate.throughput.batch_sizes[{index}]", f"{name}: {exc}") from None
-
-
-def fidelity_gates(comparisons: list[OutputComparison], spec: ValidateSpec) -> list[Gate]:
-    """NaN/Inf per output, and the recipe's cosine / atol bounds (also what the quantize fallback aims at)."""
-    gates = []
-    for c in comparisons:
-        gates.append(Gate(f"fidelity.{c.name}.finite", c.nonfinite == 0, float(c.nonfinite), 0.0,
-                          f"{c.nonfinite} NaN/Inf values" if c.nonfinite else "all values finite"))
-        if spec.fidelity and spec.fidelity.cosine_min is not None:
-            gates.append(at_least(f"fidelity.{c.name}.cosine", c.cosine, spec.fidelity.cosine_min, "cosine to baseline"))
-        if spec.fidelity and spec.fidelity.atol is not None:
-            gates.append(at_most(f"fidelity.{c.name}.max_abs", c.max_abs, spec.fidelity.atol, "max abs error"))
-    return gates
 
 
 ROUNDS = 5  # each figure is the median of this many interleaved slices

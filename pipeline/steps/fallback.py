@@ -48,6 +48,7 @@ def tune(prepared: quantize_static.Prepared, dst: Path, options: QuantizeOptions
         order = tuner.refine([r.node for r in ranking], options.fallback)
         tuner.accumulate(order, _blocks(ranking))
     best = tuner.best()
+    # trials share one file: the best is rewritten (one graph rewrite) rather than copied per trial
     quantize_static.write(prepared, dst, options, sorted({*keep_float, *best.float_nodes}))
     record = {
         "metric": scorer.metric, "baseline_metric": scorer.baseline_metric, "allowed_drop": scorer.allowed_drop,

@@ -27,6 +27,17 @@ def _sqnr(reference: np.ndarray, test: np.ndarray) -> float:
     return sensitivity._sqnr(*sensitivity._energies([reference], [test]))
 
 
+def _unreachable_budget(recipe: Path, **quantize: object) -> None:
+    """One static int8 candidate aiming at mse with no drop allowed: only a model with no quantized
+    node would hold it, so every trial the fallback runs is recorded and none meets the budget."""
+    def change(d: dict) -> None:
+        d["validate"]["accuracy"] = {"metric": "mse", "max_drop": 0.0}
+        d["candidates"] = {"int8-static": {"steps": [{"quantize": {"mode": "static", **quantize}}]}}
+        del d["publish"]
+
+    edit_recipe(recipe, change)
+
+
 def test_sqnr_is_signal_over_noise_in_db_and_a_nan_the_float_model_lacks_is_the_worst_score():
     rng = np.random.default_rng(0)
     signal = rng.standard_normal(10_000).astype(np.float32)
@@ -57,14 +68,7 @@ def test_sensitivity_ranks_digits_nodes_most_harmful_first(temper, gated_digits)
 
 
 def test_a_budget_the_fallback_cannot_meet_keeps_the_best_model_and_reports_every_trial(temper, gated_digits, tmp_path):
-    def unreachable(d: dict) -> None:
-        # mse against the baseline with no drop allowed: only a model with no quantized node holds it
-        d["validate"]["accuracy"] = {"metric": "mse", "max_drop": 0.0}
-        d["candidates"] = {"int8-static": {"steps": [
-            {"quantize": {"mode": "static", "per_channel": True, "fallback": {"max_trials": 3}}}]}}
-        del d["publish"]
-
-    edit_recipe(gated_digits, unreachable)
+    _unreachable_budget(gated_digits, per_channel=True, fallback={"max_trials": 3})
     out = tmp_path / "out"
     result = temper("run", gated_digits, "--output", out)
     assert result.code == 1
@@ -117,13 +121,7 @@ def test_on_minilm_plain_static_int8_misses_the_budget_and_the_fallback_meets_it
 
 
 def test_refine_measures_each_top_suspect_alone_before_accumulating(temper, gated_digits, tmp_path):
-    def refine(d: dict) -> None:
-        d["validate"]["accuracy"] = {"metric": "mse", "max_drop": 0.0}  # unreachable: every trial is recorded
-        d["candidates"] = {"int8-static": {"steps": [
-            {"quantize": {"mode": "static", "fallback": {"max_trials": 4, "refine": 2}}}]}}
-        del d["publish"]
-
-    edit_recipe(gated_digits, refine)
+    _unreachable_budget(gated_digits, fallback={"max_trials": 4, "refine": 2})
     out = tmp_path / "out"
     assert temper("run", gated_digits, "--output", out).code == 1
     tuning = _report(out)["candidates"]["int8-static"]["tuning"]
@@ -148,12 +146,7 @@ def test_a_block_mostly_in_float_goes_float_whole():
 
 
 def test_with_one_trial_the_plain_model_is_kept_and_the_ranking_still_reported(temper, gated_digits, tmp_path):
-    def one(d: dict) -> None:
-        d["validate"]["accuracy"] = {"metric": "mse", "max_drop": 0.0}
-        d["candidates"] = {"int8-static": {"steps": [{"quantize": {"mode": "static", "fallback": {"max_trials": 1}}}]}}
-        del d["publish"]
-
-    edit_recipe(gated_digits, one)
+    _unreachable_budget(gated_digits, fallback={"max_trials": 1})
     out = tmp_path / "out"
     assert temper("run", gated_digits, "--output", out).code == 1
     tuning = _report(out)["candidates"]["int8-static"]["tuning"]
@@ -162,12 +155,7 @@ def test_with_one_trial_the_plain_model_is_kept_and_the_ranking_still_reported(t
 
 
 def test_the_fallback_is_rebuilt_when_a_gate_it_aims_at_changes_and_cached_otherwise(temper, gated_digits, tmp_path):
-    def one(d: dict) -> None:
-        d["validate"]["accuracy"] = {"metric": "mse", "max_drop": 0.0}
-        d["candidates"] = {"int8-static": {"steps": [{"quantize": {"mode": "static", "fallback": {"max_trials": 1}}}]}}
-        del d["publish"]
-
-    edit_recipe(gated_digits, one)
+    _unreachable_budget(gated_digits, fallback={"max_trials": 1})
     out = tmp_path / "out"
     temper("run", gated_digits, "--output", out)
     edit_recipe(gated_digits, lambda d: d["validate"]["throughput"].update(duration_s=0.3))  # only informs reports

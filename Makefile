@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 run: $(STAMP)
 	$(VENV)/bin/temper run recipes/digits-cnn.yaml
 
-# The whole suite, slow MiniLM tests included (a few minutes); plain `pytest` skips those.
+# The whole suite, slow MiniLM tests included (about 15 minutes on 2 cores); plain `pytest` skips those.
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -m "slow or not slow"
 

@@ -21,7 +21,7 @@ from mlflow.types import Schema, TensorSpec
 from artifacts.bundle import ServingConfig, read
 from artifacts.runtime import RequestError, Runtime
 
-REQUIREMENTS = ("onnxruntime", "numpy", "pandas", "mlflow", "onnx", "pydantic")
+REQUIREMENTS = ("onnxruntime", "numpy", "pandas", "mlflow", "onnx", "pydantic", "psutil")
 EXAMPLE_DYNAMIC_DIM = 8
 
 

@@ -18,6 +18,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from artifacts.host import HostProfile
 from pipeline.cache import StepCache, default_root
 from pipeline.errors import TemperError
 from pipeline.loading import LoadedRecipe, load_recipe
@@ -113,11 +114,9 @@ def run(
         from pipeline.publishing import publish_run
 
         done = publish_run(loaded, target, verdict, tracking_uri)
-        if done is None:
-            err.print("nothing published: the gates did not hold (the run is recorded in MLflow)")
-        else:
-            how = f"reused version {done.version} (same model and recipe)" if done.reused else f"registered version {done.version}"
-            out.print(Text.assemble(("published: ", "green"), f"{done.uri} -> {done.name} {how}"), soft_wrap=True)
+        how = f"reused version {done.version} (same model and recipe)" if done.reused else f"registered version {done.version}"
+        out.print(Text.assemble(("published: ", "green"), f"{done.uri} -> {done.name} {how} ({_published_what(verdict)})"),
+                  soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -283,6 +282,8 @@ def serve(
             runtime = Runtime(folder)
         except Exception as exc:  # an invalid runtime.json, a model onnxruntime cannot load
             raise RecipeError(model, "MODEL", f"cannot load the bundle: {first_line(exc)}") from exc
+        if runtime.host_warning:  # the root logger is at ERROR without --debug: the log line alone goes unseen
+            err.print(Text.assemble(("warning: ", "yellow"), runtime.host_warning), soft_wrap=True)
         name = runtime.config.name
         out.print(f"serving {name} ({runtime.engine}) at http://{host}:{port}/v2/models/{name} once warm "
                   f"(GET /v2/health/ready answers 200); Ctrl-C stops", soft_wrap=True)
@@ -319,6 +320,10 @@ def export_triton(
             out.print(f"  {item.relative_to(dest)}  {item.stat().st_size:,} bytes")
 
 
+def _published_what(verdict: dict) -> str:
+    return f"candidate {verdict['selected']}" if verdict["passed"] else "the FP32 baseline: no candidate passed"
+
+
 def _progress() -> Progress:
     return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True)
 
@@ -334,7 +339,8 @@ def _known_candidates(loaded: LoadedRecipe, names: list[str] | None) -> None:
 
 
 def _gate_exit(verdict: dict, require: list[str] | None) -> int:
-    """Print the gate table and the verdict; 0 when a candidate was selected (and every required one passed)."""
+    """Print the gate table and the selection (the baseline when no candidate passed); 0 unless a
+    `--require`d candidate did not pass."""
     out.print(_gate_table(verdict))
     searches = verdict["searches"]
     missed = [name for name in require or ()
@@ -347,32 +353,34 @@ def _gate_exit(verdict: dict, require: list[str] | None) -> int:
                                     f"best {tuning['metric']} drop {best['drop']:+.4f} (allowed {tuning['allowed_drop']:.4f}) "
                                     f"with {len(best['float_nodes'])} nodes in float; that model is kept, every trial is in "
                                     "report.md. Raise fallback.max_trials or the budget."), soft_wrap=True)
-    if verdict["selected"]:
-        out.print(Text.assemble(("selected: ", "green"), verdict["selected"]))
-    else:
-        err.print(Text.assemble(("gates failed: ", "red"), "no candidate passed every gate; nothing can be selected"))
+    out.print(Text.assemble(("selected: ", "green"), verdict["selected"]))
+    if verdict["selection_reason"]:
+        out.print(verdict["selection_reason"], soft_wrap=True)
     for name in missed:
         err.print(Text.assemble(("gates failed: ", "red"), f"required candidate {name} did not pass"))
-    return 0 if verdict["selected"] and not missed else 1
+    return 1 if missed else 0
 
 
 def _gate_table(verdict: dict) -> Table:
+    from validators.report import speedup_text
+
     table = Table(title="gates", title_justify="left")
     metric = verdict["metric"]
     for col in ("candidate", "verdict", metric or "metric", "drop", "speedup", "failed gates"):
         table.add_column(col, no_wrap=col != "failed gates")
     for name, c in verdict["candidates"].items():
-        speed = max(c["throughput"], key=lambda m: m["batch_size"])["speedup"] if c["throughput"] else None
+        largest = max(c["throughput"], key=lambda m: m["batch_size"]) if c["throughput"] else None
         table.add_row(
             name, "[green]pass[/]" if c["passed"] else "[red]FAIL[/]",
             f"{c['metric']:.4f}" if c["metric"] is not None else "-",
             f"{c['drop']:+.4f}" if c["drop"] is not None else "-",
-            f"{speed:.2f}x" if speed is not None else "-",
+            Text(speedup_text(largest)) if largest else "-",
             Text("\n".join(g["name"] for g in c["gates"] if not g["passed"]) or "-"),
         )
     if metric:
         table.caption = (f"baseline {metric} {verdict['baseline']['metric']:.4f}, allowed drop "
-                         f"{verdict['allowed_drop']:.4f}; speedup at the largest batch size; details in report.md")
+                         f"{verdict['allowed_drop']:.4f}; speedup at the largest batch size with its confidence interval; "
+                         f"measured on {HostProfile.model_validate(verdict['host']).summary()}; details in report.md")
     return table
 
 

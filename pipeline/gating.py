@@ -23,6 +23,10 @@ def subject(runner: Runner, baseline: Path, candidates: dict[str, Path | str]) -
         rule=recipe.select, evaluation=runner.evaluation_set, eval_batch_size=recipe.data.evaluation.batch_size,
         calibration=runner.calibration_set, outputs=list(recipe.model.outputs), baseline=baseline,
         candidates=candidates, searches=loaded.searches,
+        precisions={name: recipe.precision(name) for name in candidates},
+        preset=None if loaded.preset_choice is None else {"target": loaded.preset_choice.target,
+                                                          "preset": loaded.preset_choice.preset,
+                                                          "reason": loaded.preset_choice.reason},
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from pipeline import presets
 from pipeline.errors import RecipeError
 from pipeline.recipe import QuantizeOptions, Recipe
 from pipeline.search import Search, expand
@@ -25,6 +26,7 @@ class LoadedRecipe:
     base: Path  # the recipe's folder: relative paths inside it resolve here
     sha256: str
     searches: dict[str, Search] = field(default_factory=dict)  # searched candidate -> its trials
+    preset_choice: presets.Choice | None = None  # what `preset: auto` resolved to, and why
 
     def path(self, relative: str) -> Path:
         return (self.base / relative).resolve()
@@ -47,13 +49,15 @@ def load_recipe(path: Path) -> LoadedRecipe:
     if not isinstance(data, dict):
         raise RecipeError(file, "", "a recipe is a YAML mapping with keys version, name, model, candidates, ...")
     data, searches = expand(data, file)
+    target = data.get("target", presets.HOST)  # an unknown target is refused below, with its key
+    choice = presets.choose(target if target in presets.TARGETS else presets.HOST)
     try:
-        recipe = Recipe.model_validate(data)
+        recipe = Recipe.model_validate(data, context={"preset_choice": choice})
     except ValidationError as exc:
         key, message = _in_user_terms(*describe(exc.errors()[0], data), searches)
         raise RecipeError(file, key, message) from None
     _fallbacks_have_a_budget(recipe, file, searches)
-    return LoadedRecipe(recipe, file, path.resolve().parent, hashlib.sha256(raw).hexdigest(), searches)
+    return LoadedRecipe(recipe, file, path.resolve().parent, hashlib.sha256(raw).hexdigest(), searches, choice)
 
 
 def _in_user_terms(key: str, message: str, searches: dict[str, Search]) -> tuple[str, str]:

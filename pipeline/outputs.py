@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from artifacts.host import profile
 from pipeline.cache import MODEL_FILE, TUNING_FILE, key_of
 from pipeline.errors import RecipeError
 from pipeline.loading import LoadedRecipe
@@ -80,6 +81,7 @@ def manifest(loaded: LoadedRecipe, result: RunResult) -> dict[str, Any]:
                    "resolved": loaded.recipe.model_dump(mode="json", by_alias=True)},
         "build_sha256": build_fingerprint(loaded.recipe),
         "versions": library_versions(),
+        "host": profile().model_dump(),  # the machine that built (and, with validate, gated) these models
         "baseline": {"model": result.baseline[-1].id, "path": f"baseline/{MODEL_FILE}"},
         "candidates": {
             o.name: {"status": "failed" if o.error else "ok", "model": o.model.id if o.model else None,

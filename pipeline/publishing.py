@@ -8,23 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from artifacts import bundle
+from artifacts.host import HostProfile
 from artifacts.registry import Published, connect, record_run, register
 from pipeline.cache import MODEL_FILE
 from pipeline.errors import EnvironmentProblem, first_line
 from pipeline.loading import LoadedRecipe
 from pipeline.onnx_io import sha256_file
 from pipeline.outputs import MANIFEST
-
-
-def precision(loaded: LoadedRecipe, candidate: str) -> str:
-    """fp32, fp16, int8-static or int8-dynamic: what the candidate's steps made of the baseline."""
-    label = "fp32"
-    for step in loaded.recipe.candidates[candidate].steps:
-        if step.name == "quantize":
-            label = f"int8-{step.options.mode}"
-        elif step.name == "fp16" and label == "fp32":
-            label = "fp16"
-    return label
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -59,41 +49,54 @@ def metrics_of(report: dict[str, Any]) -> dict[str, float]:
     return found
 
 
-def publish_run(loaded: LoadedRecipe, folder: Path, report: dict[str, Any], tracking: str | None) -> Published | None:
-    """Record the run in MLflow; when a candidate was selected, register it with its serving runtime."""
+def publish_run(loaded: LoadedRecipe, folder: Path, report: dict[str, Any], tracking: str | None) -> Published:
+    """Record the run in MLflow and register the selection (the baseline when no candidate passed) with
+    its serving runtime."""
     spec = loaded.recipe.publish
     assert spec is not None
     selected = report["selected"]
+    host = HostProfile.model_validate(report["host"])
     tags = {"recipe": loaded.recipe.name, "recipe_sha256": loaded.sha256, "passed": str(report["passed"]).lower(),
-            **{f"{lib}_version": importlib.metadata.version(lib) for lib in ("onnxruntime", "onnx", "temper-ml")}}
+            **{f"{lib}_version": importlib.metadata.version(lib) for lib in ("onnxruntime", "onnx", "temper-ml")},
+            **host_tags(host)}
     try:
         client = connect(tracking)
         with tempfile.TemporaryDirectory() as tmp:
-            packed = None
-            if selected is not None:
-                model = folder / selected / MODEL_FILE
-                tags |= _version_tags(loaded, report, selected, model)
-                config = bundle.config_for(model, spec.mlflow.registered_model, **spec.serving.model_dump())
-                packed = bundle.write(Path(tmp) / "bundle", model, config, [folder / "report.json", folder / MANIFEST])
+            model = folder / selected / MODEL_FILE
+            tags |= _version_tags(loaded, report, selected, model)
+            config = bundle.config_for(model, spec.mlflow.registered_model, measured_on=host,
+                                       **spec.serving.model_dump())
+            packed = bundle.write(Path(tmp) / "bundle", model, config, [folder / "report.json", folder / MANIFEST])
             run_id, model_uri = record_run(
                 client, experiment=spec.mlflow.experiment, run_name=spec.mlflow.registered_model,
                 params=flatten(loaded.recipe.model_dump(mode="json", by_alias=True)), metrics=metrics_of(report),
                 output_folder=folder, tags=tags, bundle=packed)
-        if model_uri is None:
-            return None
+        assert model_uri is not None  # a bundle was logged
         return register(client, name=spec.mlflow.registered_model, alias=spec.mlflow.alias, run_id=run_id,
                         model_uri=model_uri, tags=tags)
     except Exception as exc:  # an unreachable tracking server, a registry that refuses: environment
         raise EnvironmentProblem(f"publishing to MLflow failed: {first_line(exc)}") from exc
 
 
+TAG_LIMIT = 5000  # MLflow's longest tag value
+
+
+def host_tags(host: HostProfile) -> dict[str, str]:
+    """The measuring host as MLflow tags, so a registry search can filter versions by where they were gated."""
+    return {"host.cpu": host.cpu, "host.arch": host.arch,
+            "host.features": " ".join(host.features) if host.features_known else "unknown",
+            "host.vnni": str(host.vnni).lower(), "host.usable_cores": str(host.usable_cores),
+            "host.gpus": ", ".join(g.name for g in host.gpus) or "none", "host.summary": host.summary()}
+
+
 def _version_tags(loaded: LoadedRecipe, report: dict[str, Any], selected: str, model: Path) -> dict[str, str]:
     validation = loaded.recipe.validation
-    gates = report["candidates"][selected]["gates"]
+    gates = report["candidates"][selected]["gates"] if selected in report["candidates"] else []
     return {
         "candidate": selected,
-        "precision": precision(loaded, selected),
+        "precision": loaded.recipe.precision(selected),
         "provider": validation.throughput.providers[0] if validation and validation.throughput else "cpu",
         "model_sha256": sha256_file(model),
-        "gates": ", ".join(f"{g['name']}={'pass' if g['passed'] else 'FAIL'}" for g in gates),
+        "gates": (", ".join(f"{g['name']}={'pass' if g['passed'] else 'FAIL'}" for g in gates)
+                  or f"baseline: {report['selection_reason']}")[:TAG_LIMIT],
     }

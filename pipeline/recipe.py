@@ -7,7 +7,8 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt, StringConstraints, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt, StringConstraints, ValidationInfo,
+                      model_validator)
 
 from pipeline import presets
 
@@ -147,8 +148,9 @@ class QuantizeOptions(Strict):
     """INT8 quantization. `mode: dynamic` needs no data; `mode: static` calibrates on the recipe's data."""
 
     mode: Literal["dynamic", "static"]
-    preset: Literal[tuple(presets.PRESETS)] | None = Field(  # type: ignore[valid-type]
-        None, description="target preset (see pipeline/presets.py): fills the options this step leaves unset")
+    preset: Literal[(presets.AUTO, *presets.PRESETS)] | None = Field(  # type: ignore[valid-type]
+        None, description="target preset (see pipeline/presets.py): fills the options this step leaves unset. "
+        "In a recipe a step without one is auto: the preset for the recipe's target; null keeps ONNX Runtime's defaults")
     backend: Literal["ort", "modelopt"] = "ort"
     format: Literal["qdq", "qoperator"] = "qdq"
     per_channel: bool = False
@@ -168,8 +170,10 @@ class QuantizeOptions(Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _preset(cls, value: Any) -> Any:
-        return presets.fill(value) if isinstance(value, dict) else value
+    def _preset(cls, value: Any, info: ValidationInfo) -> Any:
+        """Resolve the preset before validation; the loader passes the recipe's target as context."""
+        choice = (info.context or {}).get("preset_choice")
+        return presets.fill(value, choice) if isinstance(value, dict) else value
 
     @model_validator(mode="after")
     def _consistent(self) -> QuantizeOptions:
@@ -291,6 +295,14 @@ class ThroughputSpec(Strict):
     min_speedup: float | None = Field(None, gt=0, description="candidate samples/s over baseline samples/s")
     speedup_at: list[PositiveInt] | None = Field(
         None, description="batch sizes the min_speedup gate applies to (default: every measured one)")
+    confidence: float = Field(0.95, gt=0, lt=1, allow_inf_nan=False,
+                              description="confidence level of the speedup interval a speed gate decides on")
+    max_duration_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="timed seconds per model, batch size and provider at most, while a speed gate's interval still "
+                    "straddles min_speedup (default: 3 x duration_s)")
+    inconclusive: Literal["fail", "pass"] = Field(
+        "fail", description="what a speed gate still undecided at max_duration_s counts as")
 
     @model_validator(mode="after")
     def _gated_sizes(self) -> ThroughputSpec:
@@ -299,7 +311,18 @@ class ThroughputSpec(Strict):
             raise ValueError(f"speedup_at {stray[0]} is not one of the measured batch_sizes {self.batch_sizes}")
         if self.speedup_at is not None and self.min_speedup is None:
             raise ValueError("speedup_at needs min_speedup")
+        if self.max_duration_s is not None and self.max_duration_s < self.duration_s:
+            raise ValueError(f"max_duration_s {self.max_duration_s:g} is less than duration_s {self.duration_s:g}: "
+                             "it is the most a model is timed, the first duration_s included")
         return self
+
+    @property
+    def budget_s(self) -> float:
+        return self.max_duration_s if self.max_duration_s is not None else 3 * self.duration_s
+
+    @property
+    def gated_sizes(self) -> list[int]:
+        return (self.speedup_at or self.batch_sizes) if self.min_speedup is not None else []
 
 
 class ValidateSpec(Strict):
@@ -344,6 +367,9 @@ class Recipe(Strict):
 
     version: Literal[1]
     name: CandidateName
+    target: Literal[presets.TARGETS] = Field(  # type: ignore[valid-type]
+        presets.HOST, description="the machine the models are for: host (the one running temper) or a preset name; "
+        "quantize steps with preset auto use its preset")
     model: ModelSpec
     data: DataSpec = DataSpec()
     steps: list[StepSpec] = Field(default_factory=list, description="shared steps: their output is the FP32 baseline")
@@ -352,6 +378,16 @@ class Recipe(Strict):
     select: Literal["fastest-passing", "smallest-passing"] = Field(
         "fastest-passing", description="which passing candidate wins (ties: the smaller file)")
     publish: PublishSpec | None = Field(None, description="register the selected candidate and its serving runtime in MLflow")
+
+    def precision(self, candidate: str) -> str:
+        """fp32, fp16, int8-static or int8-dynamic: what a candidate's steps make of the baseline."""
+        label = "fp32"
+        for step in self.candidates[candidate].steps if candidate in self.candidates else ():
+            if step.name == "quantize":
+                label = f"int8-{step.options.mode}"
+            elif step.name == "fp16" and label == "fp32":
+                label = "fp16"
+        return label
 
     @model_validator(mode="after")
     def _names(self) -> Recipe:

@@ -15,6 +15,12 @@ class Gate:
     measured: float | None
     budget: float | None
     detail: str
+    verdict: str = ""  # "pass", "fail" or "inconclusive" (a speed gate noise kept from deciding)
+    interval: tuple[float, float] | None = None  # a speed gate's confidence interval
+
+    def __post_init__(self) -> None:
+        if not self.verdict:
+            object.__setattr__(self, "verdict", "pass" if self.passed else "fail")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,7 +51,8 @@ def at_most(name: str, measured: float, maximum: float, what: str) -> Gate:
 
 
 def select(verdicts: list[Verdict], rule: str) -> str | None:
-    """`fastest-passing`: most samples/s (unmeasured speed ranks last); ties and `smallest-passing`: smaller file."""
+    """`fastest-passing`: most samples/s (unmeasured speed ranks last); ties and `smallest-passing`: smaller file.
+    None when no candidate passed (the caller falls back to the baseline)."""
     passing = [v for v in verdicts if v.passed]
     if not passing:
         return None

@@ -11,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never a display
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 
 def write(report: dict[str, Any], folder: Path) -> list[Path]:
@@ -29,9 +30,16 @@ def write(report: dict[str, Any], folder: Path) -> list[Path]:
     return written
 
 
+def speedup_text(m: dict[str, Any]) -> str:
+    """`1.40x [1.36, 1.44]`: a throughput entry's speedup and its confidence interval."""
+    interval = m.get("speedup_interval")
+    return f"{m['speedup']:.2f}x" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+
+
 def markdown(report: dict[str, Any]) -> str:
-    verdict = f"**passed** — selected `{report['selected']}`" if report["passed"] else "**failed** — no candidate passed every gate"
-    lines = [f"# temper report: {report['recipe']}", "", verdict, ""]
+    verdict = (f"**passed** — selected `{report['selected']}`" if report["passed"]
+               else f"**no candidate passed** — selected `baseline`: {report['selection_reason']}")
+    lines = [f"# temper report: {report['recipe']}", "", verdict, "", *_host_lines(report), ""]
     metric = report["metric"]
     head = "| candidate | verdict | size | " + (f"{metric} | drop | " if metric else "") + "failed gates |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
@@ -44,15 +52,25 @@ def markdown(report: dict[str, Any]) -> str:
         if metric:
             row += (f"{c['metric']:.4f} | {c['drop']:+.4f} (max {report['allowed_drop']:.4f}) | " if c["metric"] is not None else "— | — | ")
         lines.append(row + failed + " |")
+    lines += _fidelity_section(report)
     if report["baseline"]["throughput"]:
+        policy = report["speed_policy"]
         lines += ["", "## Throughput (samples/s; speedup over baseline)", "",
-                  "| model | provider | batch | samples/s | speedup | p50 ms | p99 ms | peak RSS MB |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  f"Speedup: geometric mean of paired per-round ratios, [{policy['confidence']:.0%} confidence "
+                  "interval]; spread: fastest vs slowest round of that model; load: 1-minute load average, "
+                  "% CPU stolen by the hypervisor, % of all CPUs busy while that batch size was measured.", "",
+                  "| model | provider | batch | samples/s | speedup | rounds | spread | p50 ms | p99 ms | load / steal / busy |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         rows = [("baseline", {**m, "speedup": 1.0}) for m in report["baseline"]["throughput"]]
         rows += [(n, m) for n, c in report["candidates"].items() for m in c["throughput"]]
         for name, m in rows:
+            load = m["load"] or {}
+            shown = " / ".join("—" if load.get(k) is None else f"{load[k]:g}{'%' if k != 'load_1m' else ''}"
+                               for k in ("load_1m", "steal_pct", "busy_pct"))
+            spread = "—" if m["spread_pct"] is None else f"{m['spread_pct']:.1f}%"
             lines.append(f"| {name} | {m['provider']} | {m['batch_size']} | {m['samples_per_s']:,.0f} | "
-                         f"{m['speedup']:.2f}x | {m['latency_ms']['p50']:.3f} | {m['latency_ms']['p99']:.3f} | {m['peak_rss_mb']:,.0f} |")
+                         f"{speedup_text(m)} | {m['rounds']} | {spread} | {m['latency_ms']['p50']:.3f} | "
+                         f"{m['latency_ms']['p99']:.3f} | {shown} |")
     for name, search in report["searches"].items():
         lines += _search_section(name, search, report)
     for name, c in report["candidates"].items():
@@ -65,6 +83,41 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 RANKING_ROWS = 15  # the table; tuning.json holds the whole ranking
+
+
+def _host_lines(report: dict[str, Any]) -> list[str]:
+    """Where every figure below was measured, and what quantize's `preset: auto` made of it."""
+    host = report["host"]
+    features = ", ".join(host["features"]) if host["features_known"] else "unknown (the OS lists none)"
+    gpus = ", ".join(g["name"] + (f" (compute capability {g['compute_capability']})" if g["compute_capability"] else "")
+                     for g in host["gpus"]) or "none"
+    memory = f"{host['memory_gib']:g} GiB" if host["memory_gib"] else "unknown"
+    lines = ["## Host", "",
+             f"- CPU: {host['cpu']} ({host['arch']}); INT8/FP16 features: {features}",
+             f"- cores used: {host['usable_cores']} (of {host['logical_cpus']} logical CPUs); memory {memory}; GPU: {gpus}",
+             f"- onnxruntime {host['onnxruntime']} with {', '.join(host['providers'])}"]
+    target = report["target"]
+    if target:
+        lines.append(f"- quantize `preset: auto` → `{target['preset'] or 'none (ONNX Runtime defaults)'}` "
+                     f"for target `{target['target']}`: {target['reason']}")
+        used = sorted({(n, c["precision"]) for n, c in report["candidates"].items() if c["precision"]})
+        if target["target"] != "host" and any(p.startswith("int8") for _, p in used):
+            lines.append("- speed was measured on this host, not on the target: re-run the gates there before trusting "
+                         "the speedups")
+    return lines
+
+
+def _fidelity_section(report: dict[str, Any]) -> list[str]:
+    """Every candidate's agreement with the baseline, per output, whether or not a gate failed on it."""
+    rows = [(n, f) for n, c in report["candidates"].items() for f in c["fidelity"]]
+    if not rows:
+        return []
+    lines = ["", "## Fidelity (per output, vs the baseline)", "",
+             "| candidate | output | cosine | max abs | mean abs | p99 abs | NaN/Inf |", "|---|---|---|---|---|---|---|"]
+    for name, f in rows:
+        lines.append(f"| {name} | {f['name']} | {f['cosine']:.6f} | {f['max_abs']:.4g} | {f['mean_abs']:.4g} | "
+                     f"{f['p99_abs']:.4g} | {f['nonfinite']} |")
+    return lines
 
 
 def _search_section(name: str, search: dict[str, Any], report: dict[str, Any]) -> list[str]:
@@ -119,20 +172,27 @@ def junit(report: dict[str, Any]) -> ET.ElementTree:
 
 
 def _throughput_plot(report: dict[str, Any], path: Path) -> Path:
+    """samples/s against batch size: log x (sizes double), linear y from 0 with plain tick labels, and
+    each model's round-to-round spread as an error bar."""
     series = {"baseline": report["baseline"]["throughput"]} | {n: c["throughput"] for n, c in report["candidates"].items()}
     providers = sorted({m["provider"] for ms in series.values() for m in ms})
     fig, axes = plt.subplots(1, len(providers), figsize=(6 * len(providers), 4), squeeze=False)
     for ax, provider in zip(axes[0], providers):
         for name, ms in series.items():
-            points = sorted((m["batch_size"], m["samples_per_s"]) for m in ms if m["provider"] == provider)
+            points = sorted((m["batch_size"], m["samples_per_s"], m["spread_pct"] or 0.0) for m in ms if m["provider"] == provider)
             if points:
-                ax.plot(*zip(*points), marker="o", label=name, linestyle="--" if name == "baseline" else "-")
+                sizes, speeds, spreads = zip(*points)
+                half = [v * p / 200 for v, p in zip(speeds, spreads)]
+                ax.errorbar(sizes, speeds, yerr=half, marker="o", capsize=3, label=name,
+                            linestyle="--" if name == "baseline" else "-")
         sizes = sorted({m["batch_size"] for ms in series.values() for m in ms})
-        ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="samples/s", title=f"{report['recipe']} on {provider}")
+        ax.set(xscale="log", xlabel="batch size", ylabel="samples/s", title=f"{report['recipe']} on {provider}")
         ax.set_xticks(sizes, [str(b) for b in sizes])
         ax.minorticks_off()
+        ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
         ax.legend()
-        ax.grid(True, which="both", alpha=0.3)
+        ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -140,16 +200,24 @@ def _throughput_plot(report: dict[str, Any], path: Path) -> Path:
 
 
 def _tradeoff_plot(report: dict[str, Any], path: Path) -> Path:
+    """Accuracy drop against speedup at the largest batch size, with the speedup's confidence
+    interval as a horizontal error bar and both budgets as lines."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, c in report["candidates"].items():
         if c["drop"] is None or not c["throughput"]:
             continue
         best = max(c["throughput"], key=lambda m: m["batch_size"])
-        ax.scatter(best["speedup"], c["drop"], color="tab:green" if c["passed"] else "tab:red")
+        low, high = best["speedup_interval"] or (best["speedup"], best["speedup"])
+        ax.errorbar(best["speedup"], c["drop"], xerr=[[best["speedup"] - low], [high - best["speedup"]]], fmt="o",
+                    capsize=4, color="tab:green" if c["passed"] else "tab:red")
         ax.annotate(name, (best["speedup"], c["drop"]), textcoords="offset points", xytext=(5, 5))
     ax.axhline(report["allowed_drop"], color="gray", linestyle="--", label="allowed drop")
     ax.axvline(1.0, color="gray", linestyle=":", label="baseline speed")
-    ax.set(xlabel="speedup over baseline (largest batch)", ylabel=f"{report['metric']} drop", title=f"{report['recipe']}: accuracy vs speed")
+    policy = report["speed_policy"]
+    if policy and policy["min_speedup"] is not None:
+        ax.axvline(policy["min_speedup"], color="tab:orange", linestyle="--", label=f"min_speedup {policy['min_speedup']:g}")
+    ax.set(xlabel="speedup over baseline (largest batch; bar: confidence interval)", ylabel=f"{report['metric']} drop",
+           title=f"{report['recipe']}: accuracy vs speed")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from artifacts.host import usable_cores
 from pipeline.errors import EnvironmentProblem, OptionError
 from pipeline.onnx_io import dims, load_structure
 
@@ -39,6 +40,9 @@ class Measurement:
     latency_ms: dict[str, float]  # p50, p90, p95, p99 of one call
     peak_rss_mb: float  # MiB; the whole process's RSS (not this model's alone), highest value sampled
     gpu_mem_mb: float | None  # None: ONNX Runtime's Python API exposes no device-arena statistics
+    rounds: int = 1  # interleaved slices this figure is the median of
+    spread_pct: float | None = None  # (fastest - slowest slice) / median, in %: the noise across rounds
+    load: dict[str, float | None] | None = None  # artifacts.host.Load while it was measured
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -61,7 +65,7 @@ def session_for(path: Path, provider: str) -> ort.InferenceSession:
     wanted, available = PROVIDERS[provider], ort.get_available_providers()
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    options.intra_op_num_threads = os.cpu_count() or 1
+    options.intra_op_num_threads = usable_cores()  # what the serving runtime starts from too
     # CUDA after TensorRT keeps the nodes TensorRT does not take on the GPU rather than the CPU.
     chain = [wanted, PROVIDERS["cuda"]] if provider == "tensorrt" and PROVIDERS["cuda"] in available else [wanted]
     session = ort.InferenceSession(str(path), options, providers=chain)

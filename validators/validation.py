@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from artifacts.host import HostProfile, Load, LoadMeter, profile
 from calibration.sources import Dataset
 from pipeline import onnx_io
 from pipeline.cache import TUNING_FILE
@@ -24,6 +25,7 @@ from validators import scoring
 from validators.evaluate import predict
 from validators.fidelity import OutputComparison, compare, fidelity_gates
 from validators.gates import Gate, Verdict, at_least, at_most, select
+from validators.speedup import Speedup, estimate
 from validators.throughput import Measurement, batch_of, measure, session_for
 
 
@@ -43,6 +45,8 @@ class Subject:
     baseline: Path
     candidates: dict[str, Path | str]  # the built model, or the reason its build failed
     searches: dict[str, Search] = field(default_factory=dict)  # searched candidate -> its trials
+    precisions: dict[str, str] = field(default_factory=dict)  # candidate -> fp16, int8-static, ...
+    preset: dict[str, str | None] | None = None  # what quantize's preset auto resolved to: target, preset, reason
 
 
 @dataclass
@@ -51,23 +55,26 @@ class CandidateResult:
     metric: float | None = None
     drop: float | None = None
     fidelity: list[OutputComparison] = field(default_factory=list)
-    throughput: list[Measurement] = field(default_factory=list)
+    throughput: list[tuple[Measurement, Speedup]] = field(default_factory=list)  # with its speedup interval
     tuning: dict[str, Any] | None = None  # the quantize fallback's record (tuning.json), when it ran
 
 
 @dataclass
 class Validation:
     subject: Subject
+    host: HostProfile  # where every figure was measured
     metric_name: str | None
     baseline_metric: float | None
     allowed_drop: float | None
     baseline_throughput: list[Measurement]
     candidates: list[CandidateResult]
-    selected: str | None
+    selected: str  # a candidate, or "baseline" when none passed
+    reason: str | None  # why the baseline was selected
 
     @property
     def passed(self) -> bool:
-        return self.selected is not None
+        """A candidate passed every gate (otherwise the baseline is the selection)."""
+        return self.reason is None
 
 
 Progress = Callable[[str], None]
@@ -75,6 +82,7 @@ Progress = Callable[[str], None]
 
 def validate(subject: Subject, progress: Progress = lambda _: None) -> Validation:
     spec = subject.spec
+    host = profile()
     built = {name: path for name, path in subject.candidates.items() if isinstance(path, Path)}
     sample = {k: v[: max(spec.throughput.batch_sizes) if spec.throughput else 1] for k, v in subject.evaluation.features.items()}
     if spec.throughput:
@@ -87,8 +95,7 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
         ref = scoring.reference(spec, subject.baseline, base_out, subject.outputs, subject.evaluation,
                                 subject.calibration, subject.eval_batch_size, subject.base, subject.recipe_file)
 
-    speeds = _bench_all(subject, {"baseline": subject.baseline, **built}, sample, progress)
-    base_speed = speeds["baseline"]
+    benches = _bench_all(subject, {"baseline": subject.baseline, **built}, sample, progress)
     results = []
     for name, path in subject.candidates.items():
         result = CandidateResult(Verdict(name))
@@ -107,12 +114,15 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
             result.verdict.gates.append(at_most("accuracy", result.drop, ref.allowed, f"{ref.metric.name} drop"))
         result.fidelity = [compare(o, base_out[o], out[o], atol=0.0, rtol=0.0) for o in base_out]
         result.verdict.gates += fidelity_gates(result.fidelity, spec)
-        result.throughput = speeds[name]
-        result.verdict.gates += _speed_gates(result.throughput, base_speed, spec)
-        result.verdict.speed = _rank_speed(result.throughput, spec)
+        result.throughput = [_speed(bench, name, spec) for bench in benches]
+        result.verdict.gates += [g for bench, (_, up) in zip(benches, result.throughput)
+                                 if (g := _speed_gate(bench, up, spec)) is not None]
+        result.verdict.speed = _rank_speed([m for m, _ in result.throughput], spec)
     selected = select([r.verdict for r in results], subject.rule)
-    return Validation(subject, ref.metric.name if ref else None, ref.value if ref else None,
-                      ref.allowed if ref else None, base_speed, results, selected)
+    reason = None if selected else why_baseline(results, host, subject.precisions)
+    return Validation(subject, host, ref.metric.name if ref else None, ref.value if ref else None,
+                      ref.allowed if ref else None, [bench.figure("baseline") for bench in benches], results,
+                      selected or "baseline", reason)
 
 
 def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[str, np.ndarray]) -> None:
@@ -128,45 +138,99 @@ def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[
                 raise RecipeError(subject.recipe_file, f"validate.throughput.batch_sizes[{index}]", f"{name}: {exc}") from None
 
 
-ROUNDS = 5  # each figure is the median of this many interleaved slices
+ROUNDS = 5  # rounds every model gets; more only while a speed gate is undecided
 SLICE_WARMUP_S = 0.05  # later slices reuse a warm session: a few calls re-fill the caches
 
 
+@dataclass
+class Bench:
+    """One provider and batch size: every model's slices by round, and what else ran meanwhile."""
+
+    provider: str
+    batch_size: int
+    slices: dict[str, dict[int, Measurement]]  # model -> round -> slice
+    load: Load | None = None
+
+    def ratios(self, name: str) -> list[float]:
+        """Paired per-round ratios: the candidate's slice over the baseline's slice of the same round."""
+        base = self.slices["baseline"]
+        return [m.samples_per_s / base[r].samples_per_s for r, m in self.slices[name].items() if r in base]
+
+    def figure(self, name: str) -> Measurement:
+        """The model's median slice, carrying the round count, the spread and the load."""
+        taken = sorted(self.slices[name].values(), key=lambda m: m.samples_per_s)
+        median = taken[len(taken) // 2]
+        spread = 100 * (taken[-1].samples_per_s - taken[0].samples_per_s) / median.samples_per_s
+        return replace(median, rounds=len(taken), spread_pct=round(spread, 2),
+                       load=self.load.as_dict() if self.load else None)
+
+
 def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.ndarray],
-               progress: Progress) -> dict[str, list[Measurement]]:
+               progress: Progress) -> list[Bench]:
     """Throughput of every model, side by side: for each provider and batch size the models take turns
-    in ROUNDS slices of duration_s / ROUNDS on sessions created once, and each keeps its median slice.
-    A burst of noise on a shared machine then hits every model alike instead of skewing whichever
-    model was measuring at the time."""
+    in slices of duration_s / ROUNDS on sessions created once, in an order that rotates every round.
+    After ROUNDS rounds, the baseline and the candidates whose speed gate is still undecided go on,
+    round by round, until each is decided or has been timed for the recipe's budget."""
     spec = subject.spec.throughput
-    found: dict[str, list[Measurement]] = {name: [] for name in models}
     if spec is None:
-        return found
+        return []
+    benches = []
+    slice_s = spec.duration_s / ROUNDS
+    most_rounds = max(ROUNDS, round(spec.budget_s / slice_s))
     for provider in spec.providers:
         sessions = {name: session_for(path, provider) for name, path in models.items()}
         for size in spec.batch_sizes:
             progress(f"throughput › {provider} batch {size}: {', '.join(models)}")
-            slices: dict[str, list[Measurement]] = {name: [] for name in models}
-            for round_ in range(ROUNDS):
-                for name, path in models.items():
+            bench = Bench(provider, size, {name: {} for name in models})
+            meter = LoadMeter()
+            active = list(models)
+            for round_ in range(most_rounds):
+                shift = round_ % len(active)
+                for name in active[shift:] + active[:shift]:
                     warmup = spec.warmup_s if round_ == 0 else min(spec.warmup_s, SLICE_WARMUP_S)
-                    slices[name].append(measure(path, sample, size, provider, spec.duration_s / ROUNDS, warmup,
-                                                session=sessions[name]))
-            for name, taken in slices.items():
-                found[name].append(sorted(taken, key=lambda m: m.samples_per_s)[ROUNDS // 2])
-    return found
+                    bench.slices[name][round_] = measure(models[name], sample, size, provider, slice_s, warmup,
+                                                         session=sessions[name])
+                if round_ + 1 < ROUNDS:
+                    continue
+                undecided = [name for name in active if name != "baseline" and size in spec.gated_sizes
+                             and estimate(bench.ratios(name), spec.confidence).decide(spec.min_speedup) == "undecided"]
+                if not undecided:
+                    break
+                if round_ + 1 < most_rounds:
+                    progress(f"throughput › {provider} batch {size}: more rounds for {', '.join(undecided)} "
+                             f"(round {round_ + 2})")
+                active = ["baseline", *undecided]
+            bench.load = meter.read()
+            benches.append(bench)
+    return benches
 
 
-def _speed_gates(mine: list[Measurement], base: list[Measurement], spec: ValidateSpec) -> list[Gate]:
-    if spec.throughput is None or spec.throughput.min_speedup is None:
-        return []
-    reference = {(m.provider, m.batch_size): m.samples_per_s for m in base}
-    gated = spec.throughput.speedup_at or spec.throughput.batch_sizes
-    return [
-        at_least(f"throughput.{m.provider}.b{m.batch_size}", m.samples_per_s / reference[(m.provider, m.batch_size)],
-                 spec.throughput.min_speedup, f"speedup over baseline at batch {m.batch_size} on {m.provider}")
-        for m in mine if m.batch_size in gated
-    ]
+def _speed(bench: Bench, name: str, spec: ValidateSpec) -> tuple[Measurement, Speedup]:
+    assert spec.throughput is not None
+    return bench.figure(name), estimate(bench.ratios(name), spec.throughput.confidence)
+
+
+def _speed_gate(bench: Bench, up: Speedup, spec: ValidateSpec) -> Gate | None:
+    """The min_speedup gate at one batch size, decided on the interval; None where it does not apply."""
+    throughput = spec.throughput
+    if throughput is None or throughput.min_speedup is None or bench.batch_size not in throughput.gated_sizes:
+        return None
+    minimum, where = throughput.min_speedup, f"at batch {bench.batch_size} on {bench.provider}"
+    name, interval = f"throughput.{bench.provider}.b{bench.batch_size}", (
+        (up.low, up.high) if up.low is not None and up.high is not None else None)
+    level = f"{throughput.confidence:.0%}"
+    decision = up.decide(minimum)
+    if decision == "pass":
+        return Gate(name, True, up.ratio, minimum, f"speedup {where} {up.shown()} ({level}, {up.rounds} rounds): "
+                                                   f"all of it >= {minimum:g}", "pass", interval)
+    if decision == "fail":
+        return Gate(name, False, up.ratio, minimum, f"speedup {where} {up.shown()} ({level}, {up.rounds} rounds): "
+                                                    f"all of it < {minimum:g}", "fail", interval)
+    counted = throughput.inconclusive == "pass"
+    return Gate(name, counted, up.ratio, minimum,
+                f"inconclusive: noise; speedup {where} {up.shown()} ({level}, {up.rounds} rounds, "
+                f"{throughput.budget_s:g} s budget) straddles {minimum:g}; counted as "
+                f"{'a pass' if counted else 'a failure'} (validate.throughput.inconclusive)", "inconclusive", interval)
 
 
 def _rank_speed(mine: list[Measurement], spec: ValidateSpec) -> float | None:
@@ -177,34 +241,65 @@ def _rank_speed(mine: list[Measurement], spec: ValidateSpec) -> float | None:
     return next(m.samples_per_s for m in mine if (m.provider, m.batch_size) == key)
 
 
-def speedups(validation: Validation) -> dict[str, dict[str, float]]:
-    """candidate -> "provider/bN" -> speedup over the baseline, for reports and plots."""
-    reference = {(m.provider, m.batch_size): m.samples_per_s for m in validation.baseline_throughput}
-    return {c.verdict.name: {f"{m.provider}/b{m.batch_size}": m.samples_per_s / reference[(m.provider, m.batch_size)]
-                             for m in c.throughput} for c in validation.candidates}
+def why_baseline(results: list[CandidateResult], host: HostProfile, precisions: dict[str, str]) -> str:
+    """One line: no candidate passed, so the FP32 baseline is the honest answer; each candidate's first
+    failed gate, and what about this host explains a speed miss."""
+    clauses = []
+    for result in results:
+        gate = next(g for g in result.verdict.gates if not g.passed)
+        name = result.verdict.name
+        if gate.name.startswith("throughput."):
+            what = (f"{name} is {gate.measured:.2f}x the baseline at batch {gate.name.rsplit('.b', 1)[1]}"
+                    if gate.verdict == "fail" else f"{name}'s speedup could not be told from noise ({gate.measured:.2f}x)")
+            hint = _host_hint(precisions.get(name, ""), host, gate.name.split(".")[1])
+            clauses.append(what + (f": {hint}" if hint else ""))
+        elif gate.name == "build":
+            clauses.append(f"{name} did not build")
+        else:
+            clauses.append(f"{name} failed {gate.name} ({gate.detail})")
+    return "no candidate passed every gate on this host, so the FP32 baseline is selected: " + "; ".join(clauses)
+
+
+def _host_hint(precision: str, host: HostProfile, provider: str) -> str | None:
+    """What about this CPU makes a precision slow: the reason a speed gate missed, said plainly."""
+    if provider != "cpu":
+        return None
+    if precision.startswith("int8") and host.x86 and host.features_known and not host.vnni:
+        return f"this CPU ({host.cpu}) has no VNNI, so ONNX Runtime's INT8 kernels gain little or nothing over FP32"
+    if precision == "fp16" and host.features_known and "avx512_fp16" not in host.features and "fp16" not in host.features:
+        return f"this CPU ({host.cpu}) has no FP16 arithmetic, so FP16 runs through conversions to FP32"
+    return None
 
 
 def as_report(validation: Validation) -> dict[str, Any]:
     """The report.json contract (schema: validators/report.schema.json)."""
     subject = validation.subject
-    ups = speedups(validation)
+    throughput = subject.spec.throughput
     return {
-        "schema_version": 1,
+        "schema_version": 2,
         "recipe": subject.recipe_name,
+        "host": validation.host.model_dump(),
+        "target": subject.preset,
         "metric": validation.metric_name,
         "baseline": {"metric": validation.baseline_metric,
                      "throughput": [m.as_dict() for m in validation.baseline_throughput]},
         "allowed_drop": validation.allowed_drop,
+        "speed_policy": None if throughput is None else {
+            "min_speedup": throughput.min_speedup, "gated_batch_sizes": throughput.gated_sizes,
+            "confidence": throughput.confidence, "max_duration_s": throughput.budget_s,
+            "inconclusive": throughput.inconclusive},
         "candidates": {
             c.verdict.name: {
                 "passed": c.verdict.passed,
+                "precision": subject.precisions.get(c.verdict.name),
                 "bytes": c.verdict.bytes,
                 "metric": c.metric,
                 "drop": c.drop,
                 "gates": [g.as_dict() for g in c.verdict.gates],
                 "fidelity": [f.as_dict() for f in c.fidelity],
-                "throughput": [{**m.as_dict(), "speedup": ups[c.verdict.name][f"{m.provider}/b{m.batch_size}"]}
-                               for m in c.throughput],
+                "throughput": [{**m.as_dict(), "speedup": up.ratio,
+                                "speedup_interval": None if up.low is None else [up.low, up.high]}
+                               for m, up in c.throughput],
                 "tuning": c.tuning,
             }
             for c in validation.candidates
@@ -213,5 +308,6 @@ def as_report(validation: Validation) -> dict[str, Any]:
                      for name, s in subject.searches.items()},
         "select": subject.rule,
         "selected": validation.selected,
+        "selection_reason": validation.reason,
         "passed": validation.passed,
     }

@@ -70,7 +70,7 @@ def test_sensitivity_ranks_digits_nodes_most_harmful_first(temper, gated_digits)
 def test_a_budget_the_fallback_cannot_meet_keeps_the_best_model_and_reports_every_trial(temper, gated_digits, tmp_path):
     _unreachable_budget(gated_digits, per_channel=True, fallback={"max_trials": 3})
     out = tmp_path / "out"
-    result = temper("run", gated_digits, "--output", out)
+    result = temper("run", gated_digits, "--output", out, "--require", "int8-static")
     assert result.code == 1
     assert "fallback: int8-static missed the budget after 3 trials" in result.stderr
     report = _report(out)
@@ -123,7 +123,7 @@ def test_on_minilm_plain_static_int8_misses_the_budget_and_the_fallback_meets_it
 def test_refine_measures_each_top_suspect_alone_before_accumulating(temper, gated_digits, tmp_path):
     _unreachable_budget(gated_digits, fallback={"max_trials": 4, "refine": 2})
     out = tmp_path / "out"
-    assert temper("run", gated_digits, "--output", out).code == 1
+    assert temper("run", gated_digits, "--output", out, "--require", "int8-static").code == 1
     tuning = _report(out)["candidates"]["int8-static"]["tuning"]
     trials, ranking = tuning["trials"], [r["node"] for r in tuning["ranking"]]
     assert [t["kind"] for t in trials] == ["plain", "refine", "refine", "cumulative"]
@@ -148,7 +148,7 @@ def test_a_block_mostly_in_float_goes_float_whole():
 def test_with_one_trial_the_plain_model_is_kept_and_the_ranking_still_reported(temper, gated_digits, tmp_path):
     _unreachable_budget(gated_digits, fallback={"max_trials": 1})
     out = tmp_path / "out"
-    assert temper("run", gated_digits, "--output", out).code == 1
+    assert temper("run", gated_digits, "--output", out, "--require", "int8-static").code == 1
     tuning = _report(out)["candidates"]["int8-static"]["tuning"]
     assert [t["kind"] for t in tuning["trials"]] == ["plain"] and not tuning["met"]
     assert tuning["ranking"], "the ranking tells the user what to exclude by hand"

@@ -130,6 +130,16 @@ def test_unknown_preset_lists_presets(temper, recipe):
                       "'avx3'", "avx512_vnni", "avx2", "arm64", "tensorrt")
 
 
+def test_unknown_target_lists_targets(temper, recipe):
+    _edit(recipe, lambda d: d.update(target="avx3"))
+    _assert_bad_input(temper("check", recipe), recipe, "target", "'avx3'", "host", "avx512_vnni", "avx2", "arm64")
+
+
+def test_auto_preset_for_a_tensorrt_target_needs_static_mode(temper, recipe):
+    _edit(recipe, lambda d: d.update(target="tensorrt"))
+    _assert_bad_input(temper("check", recipe), recipe, DYNAMIC, "preset auto resolves to tensorrt", "mode: static")
+
+
 def test_unknown_preset_alternative(temper, recipe):
     _edit(recipe, lambda d: _static(d).update(preset=["avx2", "nope"]))
     _assert_bad_input(temper("check", recipe), recipe, f"{STATIC}.preset[1]", "'nope'", "avx512_vnni", "tensorrt")

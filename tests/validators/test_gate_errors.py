@@ -231,3 +231,28 @@ def test_validate_command_on_a_folder_without_manifest(temper, tmp_path):
     assert line.startswith(f"error: {folder.resolve()}: --output: "), line
     assert "no manifest.json" in line and "temper run" in line, line
     assert list(folder.iterdir()) == [], "validate must not write into a folder it could not validate"
+
+
+# The noise-aware speed gate's own settings.
+
+
+@pytest.mark.parametrize("confidence", [0, 1, 1.5, -0.2])
+def test_confidence_outside_zero_one(temper, tmp_path, confidence):
+    data = _recipe(tmp_path, {"throughput": _fast(min_speedup=0.5, confidence=confidence)})
+    _run_is_bad_input(temper, tmp_path, data, "validate.throughput.confidence", repr(confidence))
+
+
+@pytest.mark.parametrize("budget", [0, -1.0])
+def test_time_budget_that_is_not_positive(temper, tmp_path, budget):
+    data = _recipe(tmp_path, {"throughput": _fast(min_speedup=0.5, max_duration_s=budget)})
+    _run_is_bad_input(temper, tmp_path, data, "validate.throughput.max_duration_s", "greater than 0")
+
+
+def test_time_budget_below_the_first_rounds(temper, tmp_path):
+    data = _recipe(tmp_path, {"throughput": _fast(min_speedup=0.5, max_duration_s=0.1)})
+    _run_is_bad_input(temper, tmp_path, data, "validate.throughput", "max_duration_s 0.1 is less than duration_s 0.2")
+
+
+def test_unknown_inconclusive_policy(temper, tmp_path):
+    data = _recipe(tmp_path, {"throughput": _fast(min_speedup=0.5, inconclusive="retry")})
+    _run_is_bad_input(temper, tmp_path, data, "validate.throughput.inconclusive", "'retry'", "fail", "pass")

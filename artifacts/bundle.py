@@ -3,7 +3,7 @@ serving runtime loads and the Triton exporter reads. Imports nothing from pipeli
 
     <bundle>/
       model.onnx      the selected candidate
-      runtime.json    ServingConfig: tensors, batching limits, padding
+      runtime.json    ServingConfig: tensors, batching limits, padding, the host speed was measured on
       report.json     the gate verdicts that let it ship (optional)
       manifest.json   its lineage (optional)
 """
@@ -17,6 +17,8 @@ from typing import Literal
 
 import onnx
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+from artifacts.host import HostProfile
 
 MODEL = "model.onnx"
 CONFIG = "runtime.json"
@@ -46,6 +48,10 @@ class ServingConfig(BaseModel):
     pad: dict[str, int | float] = Field(
         default_factory=dict,
         description="inputs padded along axis 1 to the longest in a batch (token ids, attention mask) and the value to pad with",
+    )
+    measured_on: HostProfile | None = Field(
+        None,
+        description="the host the bundle's speed gates were measured on; serving warns on a host lacking its features",
     )
 
 

@@ -8,6 +8,7 @@ one-output models included, matching the named-tensor signature.
 
 from __future__ import annotations
 
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -33,6 +34,8 @@ class TemperModel(mlflow.pyfunc.PythonModel):
         # would keep the session alive for the life of the process after every load
         # (log_model itself loads the model once to validate the input example).
         self.runtime = Runtime(Path(context.artifacts["bundle"]))
+        if self.runtime.host_warning:  # reaches pyfunc users whatever their logging setup; filterable
+            warnings.warn(self.runtime.host_warning, RuntimeWarning, stacklevel=2)
         self.runtime.warm_up()
 
     # model_input is deliberately unannotated: MLflow derives a schema from that type hint

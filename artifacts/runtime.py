@@ -1,7 +1,7 @@
 """The serving runtime: one ONNX Runtime session behind a dynamic batcher.
 
-Shipped inside MLflow models (code_paths), so it imports only artifacts.bundle, never
-pipeline/, calibration/ or validators/.
+Shipped inside MLflow models (code_paths), so it imports only artifacts.bundle and artifacts.host,
+never pipeline/, calibration/ or validators/.
 
 Batching rule (DESIGN.md "Serving: what was measured"): when the engine becomes free it
 takes what is already queued, up to max_batch_size rows. It waits for more (until
@@ -13,7 +13,7 @@ clients are not held back waiting for a 16-row batch that will never fill.
 Tiny models skip the batcher when it is idle: a request that finds nothing queued and nothing
 running is run on the caller's thread (submit(inline=True)), saving the two thread hand-offs
 (batcher wake-up, answer back) that cost more than the run itself. Start-up also times a
-batch-1 run with one intra-op thread and with all cores on the CPU engine and keeps the faster.
+batch-1 run with one intra-op thread and with all usable cores on the CPU engine and keeps the faster.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import numpy as np
 import onnxruntime as ort
 
 from artifacts.bundle import MODEL, ServingConfig, read
+from artifacts.host import HostProfile, profile, usable_cores
 
 log = logging.getLogger("temper.serving")
 
@@ -157,7 +158,10 @@ class Runtime:
         fixed_batch = {s.shape[0] for s in self.config.inputs if s.shape and s.shape[0] > 0}
         self._fixed_batch = min(fixed_batch) if fixed_batch else None
         self.max_rows = min([self.config.max_batch_size, *fixed_batch])
-        self.intra_op_threads = os.cpu_count() or 1  # start() may settle on 1 (CPU engine only)
+        self.intra_op_threads = usable_cores()  # start() may settle on 1 (CPU engine only)
+        self.host_warning: str | None = _host_warning(self.config.measured_on)  # once: profile() probes the host
+        if self.host_warning:
+            log.warning("%s: %s", self.config.name, self.host_warning)
         self._session, self.engine = self._load(providers)
         self._output_names = [o.name for o in self._session.get_outputs()]
         self.batch1_ms: float | None = None  # median run of the smallest batch (1 unless fixed), timed by start()
@@ -510,6 +514,21 @@ class Runtime:
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self._output_names, self._session.run(self._output_names, inputs)))
+
+
+def _host_warning(measured_on: HostProfile | None) -> str | None:
+    """Why the bundle's published speed may not hold on this host (ISA features it was measured
+    with that this CPU lacks, e.g. VNNI for INT8), or None. Probes the host only when there is
+    something to compare with."""
+    if measured_on is None:
+        return None
+    here = profile()
+    missing = here.missing(measured_on)
+    if not missing:
+        return None
+    lacks = missing[0] if len(missing) == 1 else ", ".join(missing[:-1]) + " and " + missing[-1]
+    return (f"this host ({here.cpu}) lacks {lacks}, which the bundle's speed was measured with on "
+            f"{measured_on.cpu}: its published speedup may not hold here")
 
 
 def _median_runs_s(sessions: list[ort.InferenceSession], inputs: dict[str, np.ndarray]) -> list[float]:

@@ -64,15 +64,39 @@ def test_publish_registers_the_selected_candidate_once(temper, gated_digits, tmp
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), session.run(None, {"pixels": images})[0], rtol=1e-5, atol=1e-5)
 
 
-def test_failing_gate_publishes_nothing(temper, gated_digits, tmp_path, tracking_store):
+def test_when_no_candidate_passes_the_baseline_is_published_with_the_reason(temper, gated_digits, tmp_path,
+                                                                            tracking_store):
     edit_recipe(gated_digits, lambda d: d["validate"]["throughput"].update(min_speedup=50.0))
     result = temper("run", gated_digits, "--output", tmp_path / "out")
-    assert result.code == 1 and "nothing published" in result.stderr
+    assert result.code == 0, result.stderr
+    assert "(the FP32 baseline: no candidate passed)" in result.stdout
     client = _client(tracking_store)
-    assert client.search_registered_models() == []
+    version = client.get_model_version_by_alias("digits-cnn", "candidate")
+    assert version.tags["candidate"] == "baseline" and version.tags["precision"] == "fp32"
+    assert version.tags["gates"].startswith("baseline: no candidate passed every gate")
     runs = client.search_runs([client.get_experiment_by_name("temper").experiment_id])
-    assert len(runs) == 1 and runs[0].data.tags["temper.passed"] == "false"  # recorded, not registered
+    assert len(runs) == 1 and runs[0].data.tags["temper.passed"] == "false"  # no candidate passed
     assert "int8-dynamic.cpu.b32.speedup" in runs[0].data.metrics
+
+
+def test_the_measuring_host_travels_with_the_published_model(temper, gated_digits, tmp_path, tracking_store):
+    from artifacts.host import profile
+
+    out = tmp_path / "out"
+    assert temper("run", gated_digits, "--output", out).code == 0
+    host = profile()
+    report = json.loads((out / "report.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert report["host"]["cpu"] == manifest["host"]["cpu"] == host.cpu
+    assert report["host"]["features"] == host.features
+    client = _client(tracking_store)
+    version = client.get_model_version_by_alias("digits-cnn", "candidate")
+    assert version.tags["host.cpu"] == host.cpu and version.tags["host.vnni"] == str(host.vnni).lower()
+    assert client.get_run(version.run_id).data.tags["temper.host.features"] == " ".join(host.features)
+    pulled = tmp_path / "pulled"
+    assert temper("pull", "models:/digits-cnn@candidate", "--dest", pulled).code == 0
+    runtime = json.loads((pulled / "runtime.json").read_text())
+    assert runtime["measured_on"] == report["host"]
 
 
 def test_promote_and_pull(temper, gated_digits, tmp_path, tracking_store):

@@ -4,7 +4,6 @@ back-pressure and request validation."""
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import threading
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from artifacts.bundle import config_for, write
+from artifacts.host import usable_cores
 from artifacts.runtime import (
     INLINE_MAX_MS,
     Overloaded,
@@ -260,9 +260,9 @@ def test_a_model_above_the_inline_threshold_always_goes_through_the_batcher(tmp_
 def test_start_keeps_one_intra_op_thread_or_all_cores_and_reports_which(tmp_path: Path, started) -> None:
     model = linear_model(tmp_path)
     runtime = runtime_for(model, tmp_path)
-    assert runtime.batch1_ms is None and runtime.intra_op_threads == (os.cpu_count() or 1)
+    assert runtime.batch1_ms is None and runtime.intra_op_threads == usable_cores()
     started(runtime)
-    assert runtime.intra_op_threads in {1, os.cpu_count() or 1}
+    assert runtime.intra_op_threads in {1, usable_cores()}
     assert runtime._session.get_session_options().intra_op_num_threads == runtime.intra_op_threads  # the kept session
     assert runtime.batch1_ms > 0
     x = np.random.default_rng(6).standard_normal((4, 4)).astype(np.float32)

@@ -11,6 +11,7 @@ import jsonschema
 import numpy as np
 import pytest
 
+from artifacts.host import profile
 from pipeline.steps import sensitivity
 from tests.conftest import REPO, RECIPES, edit_recipe
 
@@ -89,6 +90,8 @@ def test_a_budget_the_fallback_cannot_meet_keeps_the_best_model_and_reports_ever
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not profile().vnni, reason="premise: the VNNI preset's u8 x s8 model computed exactly; without VNNI "
+                                               "ONNX Runtime's u8 x s8 kernels saturate, so its drops were never measured")
 def test_on_minilm_plain_static_int8_misses_the_budget_and_the_fallback_meets_it(temper, tmp_path, monkeypatch):
     recipe = tmp_path / "minilm-static.yaml"
     recipe.write_text((RECIPES / "minilm-static.yaml").read_text())
@@ -97,6 +100,7 @@ def test_on_minilm_plain_static_int8_misses_the_budget_and_the_fallback_meets_it
     (tmp_path / "data").symlink_to(RECIPES / "data")
 
     def two_candidates(d: dict) -> None:
+        d["target"] = "avx512_vnni"  # the failure mode this test is about was found with this preset
         del d["candidates"]["int8-dynamic"]
         d["validate"]["throughput"].update(batch_sizes=[8], duration_s=0.5)
 

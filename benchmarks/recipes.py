@@ -18,9 +18,7 @@ ended without a report.json for any other reason (crash, interrupt).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import importlib.metadata
 import json
 import os
 import platform
@@ -33,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from artifacts.host import HostProfile
+from validators.report import speedup_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = [ROOT / "recipes" / "digits-cnn.yaml", ROOT / "recipes" / "minilm.yaml"]
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)  # so `finally` removes the recipe copies
     print(f"outputs and cache: {base}", file=sys.stderr)
 
-    sections, code = [], 0
+    sections, reports, code = [], [], 0
     for recipe in args.recipes:
         name = _recipe_name(recipe)
         output = base / name
@@ -81,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             code = code or NO_REPORT
             continue
         report = json.loads(report_file.read_text())
+        reports.append(report)
         sections.append(_section(report, recipe, duration, rc))
 
-    print(_machine())
+    print(_machine(reports))
     for section in sections:
         print()
         print(section)
@@ -150,23 +152,15 @@ def _load(recipe: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):  # no /proc (not Linux): keep platform's name
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    ort = "not installed"
-    for dist in ("onnxruntime", "onnxruntime-gpu"):
-        try:
-            ort = importlib.metadata.version(dist)
-            break
-        except importlib.metadata.PackageNotFoundError:
-            continue
+def _machine(reports: list[dict[str, Any]]) -> str:
+    """The host profile temper recorded in the reports (the same code that measured), and when."""
     today = datetime.date.today().isoformat()
-    return f"**Machine:** {cpu}, {cores} cores, onnxruntime {ort}, Python {platform.python_version()}, {today}"
+    if not reports:
+        return f"**Machine:** no report, {today}"
+    host = HostProfile.model_validate(reports[0]["host"]).summary()
+    loads = [m["load"]["load_1m"] for r in reports for m in r["baseline"]["throughput"] if m["load"]]
+    load = f"; load average during the runs {min(loads):.2f}-{max(loads):.2f}" if loads else ""
+    return f"**Machine:** {host}; Python {platform.python_version()}, {today}{load}"
 
 
 def _section(report: dict[str, Any], recipe: Path, duration: float | None, rc: int) -> str:
@@ -196,11 +190,11 @@ def _section(report: dict[str, Any], recipe: Path, duration: float | None, rc: i
         notes.append(f"allowed drop {report['allowed_drop']:.4f}")
     if duration is not None:
         notes.append(f"{duration:g} s timed per model and batch size")
-    if rc == 1 and report["selected"]:
+    if rc == 1:
         notes.append("temper exited 1 (a step failed)")
-    lines += ["; ".join(notes), "", _table(head, rows), ""]
-    selected = f"`{report['selected']}` ({report['select']})" if report["selected"] else "none: no candidate passed every gate"
-    lines.append(f"Selected: {selected}")
+    lines += ["; ".join(notes) + "; speedups with their 95% confidence interval", "", _table(head, rows), ""]
+    lines.append(f"Selected: `{report['selected']}` ({report['select']})"
+                 + (f": {report['selection_reason']}" if report["selection_reason"] else ""))
     return "\n".join(lines)
 
 
@@ -213,9 +207,8 @@ def _row(name: str, metric: float | None, drop: float | None, verdict: str, thro
         if m is None:
             row += ["—", "—"]
             continue
-        speedup = 1.0 if baseline else m.get("speedup")
         rate = m["samples_per_s"]
-        row += [f"{rate:,.0f}" if rate >= 100 else f"{rate:.1f}", "—" if speedup is None else f"{speedup:.2f}x"]
+        row += [f"{rate:,.0f}" if rate >= 100 else f"{rate:.1f}", "1.00x" if baseline else speedup_text(m)]
     return row
 
 

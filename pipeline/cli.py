@@ -18,7 +18,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from artifacts.host import HostProfile
+from artifacts.host import HostProfile, profile
 from pipeline.cache import StepCache, default_root
 from pipeline.errors import TemperError
 from pipeline.loading import LoadedRecipe, load_recipe
@@ -457,7 +457,7 @@ def bench(
     for m in results:
         quantiles = (f"{m.latency_ms[p]:.4g}" for p in ("p50", "p90", "p95", "p99"))
         table.add_row(str(m.batch_size), f"{m.samples_per_s:,.1f}", *quantiles, f"{m.peak_rss_mb:,.0f}")
-    table.caption = "peak RSS: the whole process, not the model alone"
+    table.caption = f"peak RSS: the whole process, not the model alone; measured on {profile().summary()}"
     out.print(table)
 
 

@@ -32,6 +32,21 @@ def connect(flag: str | None) -> MlflowClient:
     return MlflowClient(uri, uri)
 
 
+def reachable(client: MlflowClient) -> None:
+    """Raise unless the store answers now: one request, a short timeout, no retries (MLflow's
+    default retry policy takes minutes to give up on a server that is not there)."""
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
+    os.environ.update(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="10")
+    try:
+        client.search_experiments(max_results=1)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 @dataclass(frozen=True)
 class Published:
     name: str
@@ -97,11 +112,6 @@ def _same_version(client: MlflowClient, name: str, model_sha: str, recipe_sha: s
         if version.tags.get("model_sha256") == model_sha and version.tags.get("recipe_sha256") == recipe_sha:
             return str(version.version)
     return None
-
-
-def promote(client: MlflowClient, name: str, version: str, alias: str) -> None:
-    client.get_model_version(name, version)  # raises a clear MlflowException for an unknown version
-    client.set_registered_model_alias(name, alias, version)
 
 
 def _key(key: str) -> str:

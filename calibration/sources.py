@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.callables import call_user, load_callable
-from pipeline.errors import RecipeError
+from pipeline.errors import RecipeError, first_line
 from pipeline.recipe import DataSource
 
 TABLE_FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -86,6 +86,8 @@ def _read(source: DataSource, base: Path, recipe_file: str, key: str, input_name
                 return {name: archive[name] for name in archive.files}
         import datasets  # heavy import, only for table files
 
+        datasets.disable_progress_bars()  # temper shows its own progress; a bar per split is noise
+
         if path.is_dir():
             loaded = datasets.load_from_disk(str(path))
             if isinstance(loaded, datasets.DatasetDict):
@@ -95,12 +97,25 @@ def _read(source: DataSource, base: Path, recipe_file: str, key: str, input_name
             return _columns_of(loaded, recipe_file, key)
         if path.suffix not in TABLE_FORMATS:
             raise RecipeError(recipe_file, f"{key}.path", f"unsupported file type '{path.suffix}' (use {', '.join([*TABLE_FORMATS, '.npy', '.npz'])} or a save_to_disk folder)")
+        _has_rows(path, recipe_file, key)
         table = datasets.load_dataset(TABLE_FORMATS[path.suffix], data_files=str(path), split="train")
         return _columns_of(table, recipe_file, key)
     except RecipeError:
         raise
     except Exception as exc:  # unreadable file: say which and why
-        raise RecipeError(recipe_file, f"{key}.path", f"cannot read '{path.name}': {type(exc).__name__}: {exc}") from exc
+        raise RecipeError(recipe_file, f"{key}.path", f"cannot read '{path.name}': {first_line(exc)}") from exc
+
+
+def _has_rows(path: Path, recipe_file: str, key: str) -> None:
+    """An empty or header-only text table has no rows: say so, before the table reader's own puzzle."""
+    if path.suffix == ".parquet":
+        return
+    with path.open("rb") as fh:
+        lines = [line for _, line in zip(range(2), (raw for raw in fh if raw.strip()))]
+    if not lines:
+        raise RecipeError(recipe_file, f"{key}.path", f"'{path.name}' is empty: it needs a header and at least one row")
+    if len(lines) == 1 and path.suffix == ".csv":
+        raise RecipeError(recipe_file, f"{key}.path", f"'{path.name}' has a header but no rows")
 
 
 def _columns_of(result: Any, recipe_file: str, key: str) -> dict[str, Any]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +32,8 @@ def load_callable(ref: str, base: Path, recipe_file: str, key: str) -> Callable[
         module = importlib.util.module_from_spec(spec)
         sys.path.insert(0, str(path.parent))
         try:
-            spec.loader.exec_module(module)
-        except Exception as exc:  # the user's code: report it, don't crash with its traceback
-            raise RecipeError(recipe_file, key, f"importing {path.name} raised {first_line(exc)}") from exc
+            with _boundary(recipe_file, key, f"importing {path.name}", path):
+                spec.loader.exec_module(module)
         finally:
             sys.path.remove(str(path.parent))
         sys.modules[name] = module
@@ -44,8 +45,33 @@ def load_callable(ref: str, base: Path, recipe_file: str, key: str) -> Callable[
 
 
 def call_user(fn: Callable[..., Any], recipe_file: str, key: str, *args: Any) -> Any:
-    """Call user code; any exception becomes one line naming the recipe key that pointed at it."""
-    try:
+    """Call user code; whatever ends it (an exception, sys.exit, KeyboardInterrupt) becomes one line
+    naming the recipe key that pointed at it."""
+    with _boundary(recipe_file, key, f"{getattr(fn, '__name__', 'the function')}()", Path(fn.__code__.co_filename)
+                   if hasattr(fn, "__code__") else None):
         return fn(*args)
-    except Exception as exc:
-        raise RecipeError(recipe_file, key, f"{fn.__name__}() raised {first_line(exc)}") from exc
+
+
+@contextlib.contextmanager
+def _boundary(recipe_file: str, key: str, what: str, path: Path | None) -> Iterator[None]:
+    """Run user code as a library call, not a program: sys.argv is only its own file's name (an
+    argparse at import sees no temper options), and nothing it raises may end temper silently,
+    least of all `sys.exit(0)`, which a CI job would read as a pass."""
+    argv = sys.argv
+    sys.argv = [str(path) if path else "user-code"]
+    said = io.StringIO()  # what it writes to stderr: an argparse usage text is not temper's to print
+    try:
+        with contextlib.redirect_stderr(said):
+            yield
+    except SystemExit as exc:
+        last = [line for line in said.getvalue().splitlines() if line.strip()][-1:]
+        raise RecipeError(recipe_file, key, f"{what} called sys.exit({exc.code!r})" + (f" ({last[0].strip()})" if last else "")
+                          + ": user code must return or raise, not end the process") from None
+    except KeyboardInterrupt:
+        raise RecipeError(recipe_file, key, f"{what} was interrupted (KeyboardInterrupt)") from None
+    except RecipeError:
+        raise
+    except Exception as exc:  # the user's code: report it, don't crash with its traceback
+        raise RecipeError(recipe_file, key, f"{what} raised {first_line(exc)}") from exc
+    finally:
+        sys.argv = argv

@@ -5,12 +5,14 @@ from __future__ import annotations
 from pipeline import onnx_io
 from pipeline.callables import load_callable
 from pipeline.errors import OptionError, RecipeError
+from pipeline.gating import preflight
 from pipeline.runner import Runner
 from pipeline.steps import STEPS
 
 
-def check(runner: Runner) -> list[str]:
-    """Return what was checked (for the user); raise RecipeError on the first problem."""
+def check(runner: Runner, tracking: str | None = None) -> list[str]:
+    """Return what was checked (for the user); raise RecipeError on the first problem (EnvironmentProblem
+    for a provider or an MLflow store that is not there)."""
     recipe, loaded = runner.recipe, runner.loaded
     if recipe.model.factory is not None:
         load_callable(recipe.model.factory, loaded.base, loaded.file, "model.factory")
@@ -35,4 +37,4 @@ def check(runner: Runner) -> list[str]:
         except OptionError as exc:
             raise RecipeError(loaded.file, f"{where}.{spec.name}.{exc.key}", exc.message) from None
     done.append(f"{len(steps) - len(recipe.steps)} candidate steps match the baseline graph")
-    return done
+    return done + preflight(runner, tracking)

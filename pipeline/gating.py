@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from pipeline.cache import MODEL_FILE
-from pipeline.errors import RecipeError
+from pipeline.errors import EnvironmentProblem, RecipeError, first_line
 from pipeline.loading import LoadedRecipe
 from pipeline.outputs import MANIFEST, build_fingerprint
 from pipeline.runner import Runner, RunResult
@@ -47,6 +47,44 @@ def precheck(runner: Runner) -> None:
         require_available(provider)
 
 
+def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
+    """Everything validation and publishing need that the baseline alone can tell, so `temper run`
+    fails on it before building any candidate and `temper check` finds it too: the metric fits the
+    baseline's outputs, each provider really activates, each batch size fits in memory and in the
+    model, and the MLflow store answers. Returns what was checked."""
+    from validators.throughput import fits_in_memory, session_for
+
+    precheck(runner)
+    spec, loaded = runner.recipe.validation, runner.loaded
+    done = []
+    if spec is not None:
+        baseline = runner.baseline()[-1].path
+        if spec.accuracy is not None:
+            reference = runner.scorer.reference
+            done.append(f"validate.accuracy: {reference.metric.name} on output '{reference.output}' fits the "
+                        f"baseline's outputs (baseline scores {reference.value:.4f})")
+        if spec.throughput is not None:
+            assert runner.evaluation_set is not None  # precheck
+            for provider in spec.throughput.providers:
+                session_for(baseline, provider)  # EnvironmentProblem (exit 3) unless it really activates
+            for index, size in enumerate(spec.throughput.batch_sizes):
+                problem = fits_in_memory(runner.evaluation_set.features, size)
+                if problem:
+                    raise RecipeError(loaded.file, f"validate.throughput.batch_sizes[{index}]", problem)
+            done.append(f"validate.throughput: providers {', '.join(spec.throughput.providers)} active, batch sizes "
+                        f"{spec.throughput.batch_sizes} fit in memory")
+    if runner.recipe.publish is not None:
+        from artifacts.registry import connect, reachable, tracking_uri
+
+        try:
+            reachable(connect(tracking))
+        except Exception as exc:  # refused, unknown host, timeout, a file store it cannot open
+            raise EnvironmentProblem(f"the MLflow store {tracking_uri(tracking)} does not answer "
+                                     f"({first_line(exc)}): start it, or pass --tracking-uri") from None
+        done.append(f"publish: MLflow store {tracking_uri(tracking)} answers")
+    return done
+
+
 def from_run(runner: Runner, result: RunResult) -> Subject:
     return subject(runner, result.baseline[-1].path,
                    {c.name: c.model.path if c.model else c.error for c in result.candidates})
@@ -58,12 +96,20 @@ def from_folder(runner: Runner, folder: Path) -> Subject:
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
         raise RecipeError(str(folder), "--output", "no manifest.json here: run `temper run` first")
-    manifest = json.loads(manifest_path.read_text())
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as exc:  # truncated by a full disk, edited by hand, not text
+        raise RecipeError(str(folder), "--output", f"{MANIFEST} cannot be read ({first_line(exc)}): "
+                                                   "run `temper run` to rebuild the folder") from None
+    entries = manifest.get("candidates") if isinstance(manifest, dict) else None
+    if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
+        raise RecipeError(str(folder), "--output", f"{MANIFEST} is not a temper manifest (no candidates mapping): "
+                                                   "run `temper run` to rebuild the folder")
     if manifest.get("build_sha256") != build_fingerprint(runner.recipe):
         raise RecipeError(loaded.file, "", f"the models in {folder} were built from a different model, data or steps "
                                            "than this recipe now has: run `temper run` to rebuild them")
     candidates: dict[str, Path | str] = {}
     for name in runner.recipe.candidates:
-        entry = manifest["candidates"].get(name, {})
+        entry = entries.get(name, {})
         candidates[name] = folder / name / MODEL_FILE if entry.get("status") == "ok" else entry.get("error", "not built")
     return subject(runner, folder / "baseline" / MODEL_FILE, candidates)

@@ -41,7 +41,7 @@ def load_recipe(path: Path) -> LoadedRecipe:
     except OSError as exc:
         raise RecipeError(file, "", f"cannot read: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(raw)
+        data = yaml.load(raw, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
@@ -58,6 +58,23 @@ def load_recipe(path: Path) -> LoadedRecipe:
         raise RecipeError(file, key, message) from None
     _fallbacks_have_a_budget(recipe, file, searches)
     return LoadedRecipe(recipe, file, path.resolve().parent, hashlib.sha256(raw).hexdigest(), searches, choice)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """Safe YAML that refuses a key given twice in one mapping: YAML says keys are unique, and
+    PyYAML's last-one-wins would silently drop the first setting."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, typing.Hashable):
+                continue  # SafeLoader refuses an unhashable key itself, with its own mark
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}: each key may appear once in a mapping", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _in_user_terms(key: str, message: str, searches: dict[str, Search]) -> tuple[str, str]:

@@ -37,7 +37,10 @@ DType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    """Unknown keys are errors, and so are values of the wrong type: YAML's `batch_size: true` or
+    `per_channel: "no"` must not quietly become 1 or True."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
 
 class InputSpec(Strict):
@@ -275,6 +278,12 @@ class AccuracyGate(Strict):
         if isinstance(self.max_drop, str) and self.metric in ("mse", "cosine"):
             raise ValueError(f"a relative max_drop makes no sense for {self.metric}: the baseline scores "
                              f"{'0' if self.metric == 'mse' else '1'} against itself; give an absolute number")
+        span = {"top1": 1.0, "topk": 1.0, "f1": 1.0, "probe": 1.0, "cosine": 2.0}.get(self.metric)
+        relative = isinstance(self.max_drop, str)
+        drop = float(self.max_drop.strip().rstrip("%")) if relative else self.max_drop
+        if span is not None and (drop >= 100 if relative else drop >= span):
+            raise ValueError(f"max_drop {self.max_drop!r} can never be exceeded ({self.metric} spans at most {span:g}), "
+                             "so this gate could never fail: give the drop you would accept, e.g. 0.01 or '1%'")
         return self
 
 

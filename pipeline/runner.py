@@ -14,21 +14,24 @@ import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import onnx
 
+from artifacts.folders import claim, sweep
 from calibration.sources import Dataset, load
 from pipeline import onnx_io
 from pipeline.cache import MODEL_FILE, StepCache, key_of
 from pipeline.callables import call_user, load_callable, split_ref
 from pipeline.errors import OptionError, RecipeError, StepFailed, TemperError, first_line
 from pipeline.loading import LoadedRecipe
-from pipeline.recipe import DataSource, StepSpec
-from pipeline.steps import STEPS
-from pipeline.steps.base import Batch, Scorer, StepContext
+from pipeline.recipe import DataSource, InputSpec, StepSpec
 
+if TYPE_CHECKING:  # the steps import onnxsim, ORT's quantizers and (via onnxruntime.tools) torch: not at start-up
+    from pipeline.steps.base import Batch, Scorer, StepContext
+
+SCRATCH = "temper-run-"  # the runner's scratch folders in the system temp folder: temper-run-<pid>-<random>
 LIBRARIES = ("temper-ml", "torch", "onnx", "onnxruntime", "onnxsim", "numpy")
 
 
@@ -110,7 +113,9 @@ class Runner:
         self.loaded, self.recipe, self.cache = loaded, loaded.recipe, cache
         self.observer = observer or _Silent()
         self.versions = library_versions()
-        self.scratch = Path(tempfile.mkdtemp(prefix="temper-"))
+        temp = Path(tempfile.gettempdir())
+        sweep(temp, SCRATCH)  # what killed runs left; named by process id, so a live run's stays
+        self.scratch = claim(temp, SCRATCH, mode=0o700)
         self._baseline: ModelRecord | None = None
 
     def close(self) -> None:
@@ -123,8 +128,32 @@ class Runner:
             return None
         names = [i.name for i in self.recipe.model.inputs]
         data = load(source, self.loaded.base, self.loaded.file, f"data.{which}", names)
-        dtypes = {i.name: i.dtype for i in self.recipe.model.inputs}
-        return Dataset({k: np.asarray(v, dtype=dtypes[k]) for k, v in data.features.items()}, data.labels)
+        return Dataset({spec.name: self._as_declared(index, spec, data.features[spec.name], which)
+                        for index, spec in enumerate(self.recipe.model.inputs)}, data.labels)
+
+    def _as_declared(self, index: int, spec: InputSpec, values: np.ndarray, which: str) -> np.ndarray:
+        """The data for one input in its declared dtype, refused (with both keys named) when the data
+        cannot be that dtype without losing what it says, or has another rank or fixed dim."""
+        file, key = self.loaded.file, f"model.inputs[{index}]"
+        given = np.asarray(values)
+        if given.dtype.kind in "OUSV":
+            what = "text" if given.dtype.kind in "US" else f"{given.dtype} (not numeric)"
+            raise RecipeError(file, f"data.{which}", f"input '{spec.name}' gets {what} data, but {key} is {spec.dtype}: "
+                                                     "add a preprocess callable that turns it into numbers (e.g. a tokenizer)")
+        wanted = np.dtype(spec.dtype)
+        if wanted.kind in "iub" and given.dtype.kind == "f" and not np.array_equal(given, np.round(given)):
+            raise RecipeError(file, f"{key}.dtype", f"'{spec.name}' is declared {spec.dtype}, but data.{which} holds "
+                                                    f"fractional {given.dtype} values: declare float32, or fix the data")
+        shape = list(given.shape)
+        if len(shape) != len(spec.shape):
+            raise RecipeError(file, f"{key}.shape", f"'{spec.name}' is declared with {len(spec.shape)} dims "
+                                                    f"{spec.shape}, but data.{which} rows have shape {shape[1:]} "
+                                                    f"({len(shape)} dims with the sample dim)")
+        for axis, (declared, real) in enumerate(zip(spec.shape, shape)):
+            if axis and isinstance(declared, int) and declared != real:
+                raise RecipeError(file, f"{key}.shape", f"'{spec.name}' is declared {spec.shape}, but data.{which} "
+                                                        f"has {real} at axis {axis}: fix the declared shape or the data")
+        return given.astype(wanted, copy=False)
 
     @cached_property
     def calibration_set(self) -> Dataset | None:
@@ -186,6 +215,8 @@ class Runner:
         raise RecipeError(self.loaded.file, "data", "this recipe's steps need a real batch: add data.evaluation or data.calibration")
 
     def _context(self, folder: Path) -> StepContext:
+        from pipeline.steps.base import StepContext
+
         return StepContext(self.recipe.model.inputs, lambda: self.calibration_batches, self.sample, folder,
                            lambda: self.scorer)
 
@@ -235,6 +266,13 @@ class Runner:
         for i, declared in enumerate(spec.inputs):
             if declared.name not in real_inputs:
                 raise RecipeError(file, f"model.inputs[{i}].name", f"'{declared.name}' is not an input of {path.name}; its inputs: {', '.join(real_inputs)}")
+        for i, declared in enumerate(spec.inputs):
+            real = onnx_io.dims(model)[declared.name]
+            clash = [(a, d, r) for a, (d, r) in enumerate(zip(declared.shape, real))
+                     if isinstance(d, int) and isinstance(r, int) and r > 0 and d != r]
+            if len(real) != len(declared.shape) or clash:
+                raise RecipeError(file, f"model.inputs[{i}].shape", f"declared {declared.shape}, but {path.name} takes "
+                                                                    f"'{declared.name}' as {real}: declare the model's shape")
         undeclared = [n for n in real_inputs if n not in {i.name for i in spec.inputs}]
         if undeclared:
             raise RecipeError(file, "model.inputs", f"{path.name} also takes '{undeclared[0]}': declare every input")
@@ -246,6 +284,8 @@ class Runner:
                            path.stat().st_size, 0.0, False)
 
     def chain(self, name: str, start: ModelRecord, steps: list[StepSpec], keypath: str) -> list[ModelRecord]:
+        from pipeline.steps import STEPS
+
         records = [start]
         for index, spec in enumerate(steps):
             step, options = STEPS[spec.name], spec.options

@@ -99,7 +99,9 @@ def _class_scores(name: str, k: int) -> Callable[[np.ndarray, np.ndarray | None]
 
     Rule: the output is 2-D [rows, C], the labels are integer class ids, one per row, and C
     equals the number of classes the labels imply (max label + 1); topk also needs k < C.
-    Equality, not C >= classes, is what tells a 384-wide embedding from 2-class scores.
+    C may exceed that when the evaluation set lacks the highest classes, if the output still
+    reads as class scores: at least half its rows peak at a class the labels use. A 384-wide
+    embedding scored against 2 classes almost never does, which is what tells the two apart.
     """
 
     def check(outputs: np.ndarray, labels: np.ndarray | None) -> str | None:
@@ -113,7 +115,8 @@ def _class_scores(name: str, k: int) -> Callable[[np.ndarray, np.ndarray | None]
             return f"{name} needs integer class ids 0..C-1 as labels, got {labels.dtype} labels; or use metric: probe"
         classes = int(labels.max()) + 1 if labels.size else 0
         columns = outputs.shape[1]
-        if columns != classes:
+        scores_like = columns > classes and float(np.mean(outputs.argmax(axis=1) < classes)) >= 0.5
+        if columns != classes and not scores_like:
             return (f"{name} needs one score per class, but the output has {columns} columns and the labels "
                     f"{classes} classes (max label + 1); {EMBEDDING_ADVICE}")
         if k >= columns:

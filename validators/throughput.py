@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import psutil
 
 from artifacts.host import usable_cores
 from pipeline.errors import EnvironmentProblem, OptionError
@@ -76,6 +77,17 @@ def session_for(path: Path, provider: str) -> ort.InferenceSession:
             "libraries this onnxruntime-gpu needs and that a GPU is visible"
         )
     return session
+
+
+def fits_in_memory(sample: dict[str, np.ndarray], batch_size: int) -> str | None:
+    """None when one batch of `batch_size` rows like `sample`'s fits comfortably in the memory this
+    host has free, else why not: a batch far too large is a typo, and numpy's MemoryError a puzzle."""
+    row = sum(np.asarray(v[:1]).nbytes for v in sample.values())
+    need, free = row * batch_size, psutil.virtual_memory().available
+    if need * 4 > free:  # the batch, its copy in the session, outputs and activations: keep a margin
+        return (f"batch size {batch_size:,} needs {need / 2**30:,.1f} GiB for its inputs alone; this host has "
+                f"{free / 2**30:,.1f} GiB free: use a smaller batch size")
+    return None
 
 
 def batch_of(model: onnx.ModelProto, sample: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:

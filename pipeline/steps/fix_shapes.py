@@ -1,7 +1,10 @@
 """Fix shapes: make symbolic dims concrete, by dim name or per input, then re-infer shapes.
 
 Users cannot see the symbolic dim names inside an exported model, so every error lists
-what the model actually has. Fixing only some dims (say `batch`) is allowed.
+what the model actually has. Fixing only some dims (say `batch`) is allowed. A per-input shape
+sets each axis: a dim name it gives one value everywhere is fixed across the graph, while an
+unnamed dim ('?', what many exporters write) or a name given different values on different axes
+is set on that axis alone (an OCR input [-1, 3, '?', '?'] can become [1, 3, 48, 192]).
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx
-from onnxruntime.tools.onnx_model_utils import make_dim_param_fixed, make_input_shape_fixed
+from onnxruntime.tools.onnx_model_utils import make_dim_param_fixed
 
 from pipeline.errors import OptionError, StepFailed, first_line
 from pipeline.onnx_io import dims, load_structure, save
@@ -17,6 +20,7 @@ from pipeline.recipe import FixShapesOptions
 from pipeline.steps.base import Step, StepContext
 
 Shape = list[int | str | None]
+UNNAMED = "?"  # exporters' placeholder for a dim with no name: it links nothing
 
 
 def _show(shape: Shape) -> str:
@@ -35,8 +39,8 @@ def _check_input(name: str, given: list[int], have: Shape, bound: dict[str, tupl
     for axis, (value, dim) in enumerate(zip(given, have)):
         if isinstance(dim, int) and dim > 0 and value != dim:
             raise OptionError(key, f"axis {axis} of '{name}' is fixed at {dim} in the model ({_show(have)}), not {value}")
-        if isinstance(dim, str):
-            earlier, where = bound.setdefault(dim, (value, key))
+        if isinstance(dim, str) and dim in bound:
+            earlier, where = bound[dim]
             if earlier != value:
                 raise OptionError(key, f"axis {axis} of '{name}' is dim '{dim}', which {where} sets to {earlier}, not {value}")
 
@@ -48,6 +52,9 @@ class FixShapes(Step[FixShapesOptions]):
         shapes = dims(model)
         symbolic = _symbolic(shapes)
         for dim in options.dims:
+            if dim == UNNAMED:
+                raise OptionError(f"dims.{dim}", "'?' is the placeholder for dims without a name, not a name: set "
+                                                 "them per axis with inputs, e.g. inputs: {x: [1, 3, 48, 192]}")
             if dim not in symbolic:
                 inputs = ", ".join(f"{name} {_show(shape)}" for name, shape in shapes.items())
                 have = ", ".join(symbolic) if symbolic else f"none (inputs: {inputs})"
@@ -64,8 +71,10 @@ class FixShapes(Step[FixShapesOptions]):
         try:
             for dim, value in options.dims.items():
                 make_dim_param_fixed(model.graph, dim, value)
+            shared = _shared_names(model, options)
             for name, shape in options.inputs.items():
-                make_input_shape_fixed(model.graph, name, shape)
+                _fix_input(model.graph, name, shape, shared)
+            _forget_negative_dims(model.graph)
         except ValueError as err:
             raise StepFailed(f"fix_shapes: {err}") from err
         try:
@@ -85,3 +94,33 @@ class FixShapes(Step[FixShapesOptions]):
             open_dims = [d for d in shape if not isinstance(d, int) and (name in options.inputs or d in options.dims)]
             if open_dims:
                 raise StepFailed(f"fix_shapes: input '{name}' is still {_show(shape)} after fixing")
+
+
+def _shared_names(model: onnx.ModelProto, options: FixShapesOptions) -> dict[str, int]:
+    """Dim names the per-input shapes give a single value (so they are fixed graph-wide)."""
+    values: dict[str, set[int]] = {}
+    shapes = dims(model)
+    for name, given in options.inputs.items():
+        for value, dim in zip(given, shapes[name]):
+            if isinstance(dim, str) and dim != UNNAMED:
+                values.setdefault(dim, set()).add(value)
+    return {dim: found.pop() for dim, found in values.items() if len(found) == 1}
+
+
+def _fix_input(graph: onnx.GraphProto, name: str, shape: list[int], shared: dict[str, int]) -> None:
+    value = next(v for v in graph.input if v.name == name)
+    for dim, size in zip(value.type.tensor_type.shape.dim, shape):
+        if dim.HasField("dim_param") and dim.dim_param in shared:
+            make_dim_param_fixed(graph, dim.dim_param, size)  # every input and output that shares the name
+        elif not dim.HasField("dim_value") or dim.dim_value <= 0:  # some exporters write -1 for "any"
+            dim.Clear()
+            dim.dim_value = size
+
+
+def _forget_negative_dims(graph: onnx.GraphProto) -> None:
+    """A -1 some exporters write for "any size" is not a size: make it unknown, so shape inference
+    fills in the fixed value instead of calling it a contradiction."""
+    for value in [*graph.output, *graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_value") and dim.dim_value < 0:
+                dim.Clear()

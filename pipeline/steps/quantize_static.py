@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+import onnx.version_converter
 from onnxruntime.quantization import (
     CalibrationDataReader,
     CalibrationMethod,
@@ -28,7 +29,7 @@ from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from pipeline import onnx_io
-from pipeline.errors import OptionError
+from pipeline.errors import OptionError, StepFailed, first_line
 from pipeline.recipe import QuantizeOptions
 from pipeline.steps.base import Batch
 
@@ -70,7 +71,11 @@ class Prepared:
         return onnx_io.load_structure(self.model)
 
 
+PER_CHANNEL_OPSET = 13  # DequantizeLinear's `axis` (per-channel scales) arrived in opset 13
+
+
 def prepare(src: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Path, large: bool) -> Prepared:
+    src = _upgraded(src, scratch, large) if options.per_channel else src
     pre = scratch / "preprocessed.onnx"
     # auto_merge: symbolic shape inference otherwise stops at BERT-style attention reshapes
     # ("Incomplete symbolic shape inference" on MiniLM); merging equal symbolic dims is safe here.
@@ -91,6 +96,24 @@ def prepare(src: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Pa
     ranges = scratch / "ranges.json"
     save_tensors_data(calibrator.compute_data(), ranges)
     return Prepared(pre, ranges, large)
+
+
+def _upgraded(src: Path, scratch: Path, large: bool) -> Path:
+    """`src` at opset 13 when it is older, with onnx's version converter: per-channel Q/DQ cannot be
+    written below it, and models exported years ago (OCR, detection) often are opset 11 or 12."""
+    structure = onnx_io.load_structure(src)
+    opset = next((o.version for o in structure.opset_import if o.domain in ("", "ai.onnx")), PER_CHANNEL_OPSET)
+    if opset >= PER_CHANNEL_OPSET:
+        return src
+    try:
+        model = onnx.version_converter.convert_version(onnx.load(str(src)), PER_CHANNEL_OPSET)
+    except Exception as exc:  # an op the converter cannot carry forward
+        raise StepFailed(f"quantize: per_channel needs opset {PER_CHANNEL_OPSET} and this model is opset {opset}; "
+                         f"onnx's version converter could not upgrade it ({first_line(exc)}): set per_channel: false "
+                         "or re-export at a newer opset") from None
+    upgraded = scratch / "upgraded.onnx"
+    onnx.save_model(model, str(upgraded), save_as_external_data=large)
+    return upgraded
 
 
 def write(prepared: Prepared, dst: Path, options: QuantizeOptions, keep_float: list[str]) -> None:

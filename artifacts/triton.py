@@ -6,6 +6,7 @@ Triton's own ModelConfig protobuf).
     <dest>/<name>/
       config.pbtxt
       1/model.onnx     (+ the external-data files it references), or 1/model.plan
+      .temper-output   the marker that lets a later export replace this folder
 
 Batching follows the bundle's tensors. When every input and output has a dynamic first
 (batch) dim, Triton batches: `max_batch_size` comes from runtime.json, dims leave the batch
@@ -23,19 +24,23 @@ timeout covers time spent queued, not execution.
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
 
+from artifacts.bundle import CONFIG as BUNDLE_CONFIG
 from artifacts.bundle import MODEL, ServingConfig, TensorSpec, read
+from artifacts.folders import MARKER, mark, replaceable
 
 CONFIG = "config.pbtxt"
 VERSION = "1"
 PLAN = "model.plan"  # a TensorRT engine beside model.onnx; served instead of it when present
 WARMUP_DIM = 8  # concrete size for dynamic non-batch dims (e.g. sequence length) in warm-up requests
 KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU")
+MODEL_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")  # a plain folder name Triton accepts; never `.git`, `..`
 DATA_TYPES = {
     "float32": "TYPE_FP32",
     "float16": "TYPE_FP16",
@@ -53,15 +58,21 @@ class _Enum(str):
 
 def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = "KIND_AUTO") -> Path:
     """Write a Triton model repository: dest/<config.name>/config.pbtxt and dest/<name>/1/model.onnx
-    (plus external data if any). Returns the model folder; an existing one is replaced."""
+    (plus external data if any). Returns the model folder; an existing one is replaced only when
+    temper wrote it (its marker), since the name comes from the bundle, not from the user."""
     config = read(bundle)
     if kind not in KINDS:
         raise ValueError(f"instance kind {kind!r} is not one of {', '.join(KINDS)}")
     if instances < 1:
         raise ValueError(f"instances must be >= 1, got {instances}")
     name = config.name
-    if not name or name in (".", "..") or "/" in name or "\\" in name:
-        raise ValueError(f"model name {name!r} cannot be a Triton model folder name")
+    if not MODEL_NAME.fullmatch(name):
+        raise ValueError(f"model name {name!r} in {BUNDLE_CONFIG} cannot be a Triton model folder name: "
+                         "use letters, digits, _, - and ., not starting with .")
+    folder = dest / name
+    if not replaceable(folder):
+        raise FileExistsError(f"{folder} exists and temper did not write it (no {MARKER} marker): "
+                              "delete it or choose another --dest")
     plan = (bundle / PLAN).is_file()
     if plan and kind == "KIND_CPU":
         raise ValueError(f"{bundle} holds a TensorRT plan, which only runs on a GPU; use KIND_GPU or KIND_AUTO")
@@ -72,15 +83,18 @@ def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = 
     dest.mkdir(parents=True, exist_ok=True)
     staging = dest / f".{name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
-    (staging / VERSION).mkdir(parents=True)
-    for file in files:
-        target = staging / VERSION / file.relative_to(bundle)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(file, target)
-    (staging / CONFIG).write_text(text)
-    folder = dest / name
-    shutil.rmtree(folder, ignore_errors=True)
-    staging.rename(folder)
+    try:
+        (staging / VERSION).mkdir(parents=True)
+        for file in files:
+            target = staging / VERSION / file.relative_to(bundle)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(file, target)
+        (staging / CONFIG).write_text(text)
+        mark(staging, model=name)
+        shutil.rmtree(folder, ignore_errors=True)
+        staging.rename(folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return folder
 
 

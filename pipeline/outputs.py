@@ -3,22 +3,27 @@ run never leaves a folder that looks like a finished one."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from onnx.external_data_helper import _get_all_tensors
+
+from artifacts.folders import MARKER, claim, mark, replaceable, sweep
 from artifacts.host import profile
 from pipeline.cache import MODEL_FILE, TUNING_FILE, key_of
-from pipeline.errors import RecipeError
+from pipeline.errors import EnvironmentProblem, RecipeError, TemperError
 from pipeline.loading import LoadedRecipe
+from pipeline.onnx_io import load_structure
 from pipeline.recipe import Recipe
 from pipeline.runner import ModelRecord, RunResult, library_versions
 
 MANIFEST = "manifest.json"
+COMMITTED: list[Path] = []  # output folders this process put in place: what an interruption after them leaves
 
 
 def build_fingerprint(recipe: Recipe) -> str:
@@ -28,16 +33,18 @@ def build_fingerprint(recipe: Recipe) -> str:
 
 class OutputFolder:
     def __init__(self, target: Path) -> None:
-        """Check now, before any heavy work, that `target` can be written and is ours to replace."""
+        """Check now, before any heavy work, that `target` can be written and is temper's to replace;
+        remove what dead runs left beside it."""
         self.target = target.resolve()
         if self.target.exists() and not self.target.is_dir():
             raise RecipeError(str(target), "--output", "exists and is not a folder")
-        if self.target.is_dir() and any(self.target.iterdir()) and not (self.target / MANIFEST).is_file():
-            raise RecipeError(str(target), "--output", "exists, is not empty and holds no temper manifest.json; "
-                                                       "choose another folder or empty it")
+        if not replaceable(self.target):
+            raise RecipeError(str(target), "--output", _not_ours(self.target))
+        prefix = f".{self.target.name}.partial-"
         try:
             self.target.parent.mkdir(parents=True, exist_ok=True)
-            self.staging = Path(tempfile.mkdtemp(dir=self.target.parent, prefix=f".{self.target.name}.partial-"))
+            sweep(self.target.parent, prefix)
+            self.staging = claim(self.target.parent, prefix)
         except OSError as exc:
             raise RecipeError(str(target), "--output", f"not writable ({exc.strerror}); choose a folder you can write") from None
 
@@ -46,29 +53,72 @@ class OutputFolder:
 
     def commit(self, loaded: LoadedRecipe, result: RunResult, reports: Callable[[Path], object] | None = None) -> Path:
         """Copy each final model into the staging folder, write the manifest (and `reports` into the
-        folder, when given), then swap it into place."""
-        _copy_model(result.baseline[-1], self.staging / "baseline")
-        for outcome in result.candidates:
-            if outcome.model is not None:
-                _copy_model(outcome.model, self.staging / outcome.name)
-        if reports is not None:
-            reports(self.staging)
-        (self.staging / MANIFEST).write_text(json.dumps(manifest(loaded, result), indent=2) + "\n")
-        old = None
-        if self.target.exists():
-            old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
-            os.replace(self.target, old)
-        os.replace(self.staging, self.target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        folder, when given) and the marker, then swap it into place."""
+        try:
+            _copy_model(result.baseline[-1], self.staging / "baseline")
+            for outcome in result.candidates:
+                if outcome.model is not None:
+                    _copy_model(outcome.model, self.staging / outcome.name)
+            if reports is not None:
+                reports(self.staging)
+            (self.staging / MANIFEST).write_text(json.dumps(manifest(loaded, result), indent=2) + "\n")
+            mark(self.staging, recipe=loaded.recipe.name)
+            self._swap()
+        except OSError as exc:
+            raise _write_error(self.target, exc) from exc
+        COMMITTED.append(self.target)
         return self.target
+
+    def _swap(self) -> None:
+        """Put the staged folder in place of the target; if that is interrupted half-way, the
+        previous output goes back where it was."""
+        if not replaceable(self.target):  # checked before the build too: something may have moved in since
+            raise RecipeError(str(self.target), "--output", _not_ours(self.target))
+        old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
+        try:
+            if self.target.exists():
+                os.replace(self.target, old)
+            os.replace(self.staging, self.target)
+        except BaseException:
+            if old.exists() and not self.target.exists():
+                os.replace(old, self.target)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _not_ours(target: Path) -> str:
+    """Why `target` may not be replaced, and what to do."""
+    if (target / MANIFEST).is_file():
+        return (f"holds a {MANIFEST} but no {MARKER} marker: an older temper's output or another tool's; "
+                "delete it or choose another folder")
+    return (f"exists, is not empty and holds no temper {MANIFEST} nor {MARKER} marker; "
+            "delete it or choose another folder")
+
+
+def _write_error(target: Path, exc: OSError) -> TemperError:
+    """A full disk is the environment (exit 3); any other failure to write, the output folder (exit 2)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return EnvironmentProblem(f"{target}: --output: {exc.strerror} while writing the output folder; "
+                                  "free some space or choose another folder (nothing was replaced)")
+    return RecipeError(str(target), "--output", f"could not be written ({exc.strerror}); choose a folder you can write")
 
 
 def _copy_model(record: ModelRecord, folder: Path) -> None:
+    """The model as model.onnx, byte for byte (its sha256 is the manifest's), with what it needs beside it.
+    A cached model sits in its own folder with its external data and tuning.json; the baseline of a recipe
+    without shared steps is the user's ONNX file, under any name, among files that are not its own."""
     folder.mkdir()
-    for item in record.path.parent.iterdir():  # model.onnx, any external-data file and tuning.json beside it
-        if item.name in (MODEL_FILE, TUNING_FILE) or item.name.startswith(MODEL_FILE + "."):
-            shutil.copy2(item, folder / item.name)
+    shutil.copy2(record.path, folder / MODEL_FILE)
+    if record.path.name == MODEL_FILE:
+        beside = [item.name for item in record.path.parent.iterdir()
+                  if item.name == TUNING_FILE or item.name.startswith(MODEL_FILE + ".")]
+    else:  # only the external-data files its graph refers to, under the names it refers to them by
+        beside = sorted({entry.value for tensor in _get_all_tensors(load_structure(record.path))
+                         for entry in tensor.external_data if entry.key == "location"
+                         and not Path(entry.value).is_absolute() and ".." not in Path(entry.value).parts})
+    for name in beside:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(record.path.parent / name, folder / name)
 
 
 def manifest(loaded: LoadedRecipe, result: RunResult) -> dict[str, Any]:

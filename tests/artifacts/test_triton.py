@@ -177,7 +177,7 @@ def test_repository_layout_copies_the_bundle_model_byte_for_byte(tmp_path: Path)
     folder = export_repository(bundle, tmp_path / "repo")
 
     assert sorted(str(p.relative_to(tmp_path / "repo")) for p in (tmp_path / "repo").rglob("*")) == [
-        "digits", "digits/1", "digits/1/model.onnx", "digits/config.pbtxt",
+        "digits", "digits/.temper-output", "digits/1", "digits/1/model.onnx", "digits/config.pbtxt",
     ]
     assert (folder / "1" / "model.onnx").read_bytes() == (bundle / "model.onnx").read_bytes()
 

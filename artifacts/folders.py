@@ -1,0 +1,69 @@
+"""Which folders temper may delete. A folder temper hands over (a run's output, a Triton model) carries
+a marker that proves temper wrote it; nothing without one is ever replaced. A working folder (staging,
+scratch) carries its process id in its name, so a later run removes those of dead runs, never a live one's.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+
+import psutil
+
+MARKER = ".temper-output"
+
+
+def mark(folder: Path, **about: str) -> None:
+    """Write the marker into `folder`: the tool, its version and what the folder holds."""
+    try:
+        version = importlib.metadata.version("temper-ml")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    (folder / MARKER).write_text(json.dumps({"tool": "temper", "version": version, **about}) + "\n")
+
+
+def is_marked(folder: Path) -> bool:
+    """Whether temper wrote `folder`: its marker is there and says so."""
+    try:
+        about = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(about, dict) and about.get("tool") == "temper"
+
+
+def replaceable(folder: Path) -> bool:
+    """Nothing there, an empty folder, or a folder temper wrote: what temper may replace."""
+    if not folder.exists():
+        return True
+    return folder.is_dir() and not folder.is_symlink() and (is_marked(folder) or not any(folder.iterdir()))
+
+
+def claim(parent: Path, prefix: str, mode: int = 0o777) -> Path:
+    """A new folder `<prefix><pid>-<random>` in `parent`. Made by mkdir, so the umask applies to `mode`
+    (tempfile.mkdtemp's 0700 would hide an output folder from a CI uploader running as another user)."""
+    while True:
+        folder = parent / f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            folder.mkdir(mode=mode)
+            return folder
+        except FileExistsError:
+            continue
+
+
+def sweep(parent: Path, prefix: str) -> None:
+    """Remove the folders `claim` made in `parent` for processes that no longer run (a SIGKILL, a power
+    cut); a live process's folders, this one's included, are left alone."""
+    owner = re.compile(re.escape(prefix) + r"(\d+)-")
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        found = owner.match(entry.name)
+        if found and not psutil.pid_exists(int(found[1])) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)

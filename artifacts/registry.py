@@ -7,6 +7,9 @@ points at half-logged artifacts. The same model bytes from the same recipe reuse
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,9 +91,18 @@ def register(client: MlflowClient, *, name: str, alias: str, run_id: str, model_
     if existing is not None:
         client.set_registered_model_alias(name, alias, existing)
         return Published(name, existing, alias, run_id, True, f"models:/{name}@{alias}")
-    version = mlflow.register_model(model_uri, name, tags=tags)
+    with _events_follow_log_level():
+        version = mlflow.register_model(model_uri, name, tags=tags)
     client.set_registered_model_alias(name, alias, version.version)
     return Published(name, str(version.version), alias, run_id, False, f"models:/{name}@{alias}")
+
+
+def _events_follow_log_level() -> contextlib.AbstractContextManager[object]:
+    """MLflow prints event lines ("Successfully registered model ...") straight to stderr whatever its log
+    level; they show only when its loggers show INFO (temper --debug, or MLFLOW_LOGGING_LEVEL=INFO)."""
+    if logging.getLogger("mlflow").isEnabledFor(logging.INFO):
+        return contextlib.nullcontext()
+    return contextlib.redirect_stderr(io.StringIO())
 
 
 def _experiment(client: MlflowClient, name: str) -> str:

@@ -64,21 +64,30 @@ class RequestTimeout(TimeoutError):
 
 @dataclass
 class Metrics:
-    """Thread-safe counters read by /metrics; names mirror Triton's nv_inference_* family.
+    """Thread-safe counters read by /metrics and /stats; names mirror Triton's nv_inference_* family.
 
-    queue_ns and compute_ns are summed per request, as Triton does (a request in a batch of
-    8 adds the whole batch's compute time). latency_counts[i] counts successful requests
-    with latency <= latency_buckets_ms[i] (cumulative, Prometheus style); latency_count is
-    the +Inf bucket.
+    queue_ns and the compute_*_ns are summed per request, as Triton does (a request in a batch
+    of 8 adds the whole batch's compute time); executed_requests is how many requests those
+    sums cover. batches[rows] = [executions, input_ns, infer_ns, output_ns] per batch size, for
+    Triton's batch_stats. latency_counts[i] counts successful requests with latency <=
+    latency_buckets_ms[i] (cumulative, Prometheus style); latency_count is the +Inf bucket.
+    Updating them costs a lock and a few additions per request; /metrics reads them at scrape time.
     """
 
     request_success: int = 0
     request_failure: int = 0
+    success_ns: int = 0  # summed submit-to-answer time of successful requests
+    failure_ns: int = 0  # summed submit-to-failure time of failed requests (0 for refused ones)
     inference_count: int = 0
     execution_count: int = 0
+    executed_requests: int = 0
     queue_ns: int = 0
-    compute_ns: int = 0
+    compute_input_ns: int = 0  # merging (and padding) requests into one batch
+    compute_ns: int = 0  # the engine's run
+    compute_output_ns: int = 0  # splitting the batch's outputs back into requests
     inline_count: int = 0  # executions run on the submitting thread, not the batcher
+    last_inference_ms: int = 0  # wall-clock time of the last execution, ms since the epoch (0: none yet)
+    batches: dict[int, list[int]] = field(default_factory=dict)
     latency_buckets_ms: tuple[float, ...] = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
     latency_counts: list[int] = field(default_factory=list)
     latency_sum_ms: float = 0.0
@@ -88,12 +97,23 @@ class Metrics:
     def __post_init__(self) -> None:
         self.latency_counts = [0] * len(self.latency_buckets_ms)
 
-    def record_execution(self, rows: int, requests: int, queue_ns: int, compute_ns: int) -> None:
+    def record_execution(self, rows: int, requests: int, queue_ns: int, compute_ns: int,
+                         input_ns: int = 0, output_ns: int = 0) -> None:
+        """One batch of `rows` rows from `requests` requests; the times are the batch's own."""
         with self._lock:
             self.execution_count += 1
             self.inference_count += rows
+            self.executed_requests += requests
             self.queue_ns += queue_ns
+            self.compute_input_ns += input_ns * requests
             self.compute_ns += compute_ns * requests
+            self.compute_output_ns += output_ns * requests
+            self.last_inference_ms = time.time_ns() // 1_000_000
+            per_size = self.batches.setdefault(rows, [0, 0, 0, 0])
+            per_size[0] += 1
+            per_size[1] += input_ns
+            per_size[2] += compute_ns
+            per_size[3] += output_ns
 
     def record_inline(self) -> None:
         with self._lock:
@@ -103,15 +123,18 @@ class Metrics:
         ms = latency_ns / 1e6
         with self._lock:
             self.request_success += 1
+            self.success_ns += latency_ns
             self.latency_sum_ms += ms
             self.latency_count += 1
             for i, bound in enumerate(self.latency_buckets_ms):
                 if ms <= bound:
                     self.latency_counts[i] += 1
 
-    def record_failure(self, requests: int = 1) -> None:
+    def record_failure(self, requests: int = 1, duration_ns: int = 0) -> None:
+        """`requests` failed requests that took `duration_ns` between them."""
         with self._lock:
             self.request_failure += requests
+            self.failure_ns += duration_ns
 
     def snapshot(self) -> dict:
         """A consistent copy of every counter (taken under the lock)."""
@@ -119,11 +142,18 @@ class Metrics:
             return {
                 "request_success": self.request_success,
                 "request_failure": self.request_failure,
+                "success_ns": self.success_ns,
+                "failure_ns": self.failure_ns,
                 "inference_count": self.inference_count,
                 "execution_count": self.execution_count,
+                "executed_requests": self.executed_requests,
                 "queue_ns": self.queue_ns,
+                "compute_input_ns": self.compute_input_ns,
                 "compute_ns": self.compute_ns,
+                "compute_output_ns": self.compute_output_ns,
                 "inline_count": self.inline_count,
+                "last_inference_ms": self.last_inference_ms,
+                "batches": {rows: list(times) for rows, times in sorted(self.batches.items())},
                 "latency_buckets_ms": self.latency_buckets_ms,
                 "latency_counts": list(self.latency_counts),
                 "latency_sum_ms": self.latency_sum_ms,
@@ -149,9 +179,11 @@ def engine_cache() -> Path:
 class Runtime:
     """Loads a bundle, picks the engine, batches concurrent requests on one inference thread."""
 
-    def __init__(self, bundle: Path, providers: list[str] | None = None) -> None:
+    def __init__(self, bundle: Path, providers: list[str] | None = None, config: ServingConfig | None = None) -> None:
+        """`bundle` holds model.onnx and, unless `config` is given, runtime.json; with `config`, any
+        folder holding a model.onnx serves (a run's output folder, not yet published)."""
         self.bundle = Path(bundle)
-        self.config: ServingConfig = read(self.bundle)
+        self.config: ServingConfig = config or read(self.bundle)
         self.metrics = Metrics()
         self._inputs = {spec.name: spec for spec in self.config.inputs}
         self._dynamic_axis1 = {s.name for s in self.config.outputs if len(s.shape) > 1 and s.shape[1] == -1}
@@ -268,6 +300,11 @@ class Runtime:
     def ready(self) -> bool:
         return self._ready
 
+    @property
+    def pending(self) -> int:
+        """Requests queued and not yet taken into a batch (Triton's pending request count)."""
+        return len(self._queue)
+
     def stop(self) -> None:
         """Stop the batching thread; requests still queued fail instead of hanging."""
         self._ready = False
@@ -282,7 +319,8 @@ class Runtime:
         for request in pending:
             if request.future.set_running_or_notify_cancel():
                 request.future.set_exception(RuntimeError("runtime stopped"))
-        self.metrics.record_failure(len(pending))
+        now = time.perf_counter_ns()
+        self.metrics.record_failure(len(pending), sum(now - r.arrived_ns for r in pending))
 
     def _warmup_inputs(self, rows: int) -> dict[str, np.ndarray]:
         return {
@@ -365,7 +403,8 @@ class Runtime:
         return {name: np.concatenate([c[name] for c in chunks]) for name in self._output_names}
 
     def _validate(self, inputs: dict[str, np.ndarray], max_rows: int | None) -> int:
-        """Check names, dtypes, ranks, fixed dims and row counts against the config; the row count."""
+        """Check names, dtypes, ranks, fixed dims and row counts against the config, and that float
+        inputs are finite (an INT8 model answers NaN with plausible logits); the row count."""
         if not isinstance(inputs, dict):
             raise RequestError(f"inputs must be a dict of arrays, got {type(inputs).__name__}")
         unknown = sorted(set(inputs) - set(self._inputs))
@@ -381,6 +420,8 @@ class Runtime:
                 raise RequestError(f"input {name!r} must be a numpy array, got {type(array).__name__}")
             if array.dtype != np.dtype(spec.dtype):
                 raise RequestError(f"input {name!r} has dtype {array.dtype}, expected {spec.dtype}")
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise RequestError(f"input {name!r} holds NaN or infinite values")
             if array.ndim != len(spec.shape):
                 raise RequestError(f"input {name!r} has shape {list(array.shape)}, expected rank {len(spec.shape)} like {spec.shape}")
             for axis, (got, want) in enumerate(zip(array.shape, spec.shape)):
@@ -442,39 +483,44 @@ class Runtime:
         """Move queued requests that fit (rows, shapes) into `batch`, in arrival order,
         dropping cancelled and expired ones. Called with the lock held."""
         rows = sum(r.rows for r in batch)
-        expiry = time.perf_counter_ns() - int(self.config.timeout_s * 1e9)
+        now = time.perf_counter_ns()
+        expiry = now - int(self.config.timeout_s * 1e9)
         kept: deque[_Request] = deque()
         while self._queue:
             request = self._queue.popleft()
             if request.arrived_ns < expiry:
                 if request.future.set_running_or_notify_cancel():
                     request.future.set_exception(RequestTimeout(f"not answered within {self.config.timeout_s}s"))
-                self.metrics.record_failure()
+                self.metrics.record_failure(1, now - request.arrived_ns)
             elif rows + request.rows > self.max_rows or (batch and request.key != batch[0].key):
                 kept.append(request)
             elif request.future.set_running_or_notify_cancel():
                 batch.append(request)
                 rows += request.rows
             else:
-                self.metrics.record_failure()  # cancelled by its caller (infer timed out)
+                self.metrics.record_failure(1, now - request.arrived_ns)  # cancelled by its caller (infer timed out)
         self._queue = kept
 
     def _execute(self, batch: list[_Request]) -> None:
         """Run one batch and hand each request its own rows; a failure fails only this batch."""
         started = time.perf_counter_ns()
         try:
-            outputs = self._run(self._merge(batch))
+            merged = self._merge(batch)
+            merged_ns = time.perf_counter_ns()
+            outputs = self._run(merged)
             computed = time.perf_counter_ns()
             results = self._split(batch, outputs)
         except Exception as exc:
             log.exception("%s: batch of %d requests failed", self.config.name, len(batch))
             for request in batch:
                 request.future.set_exception(exc)
-            self.metrics.record_failure(len(batch))
+            failed = time.perf_counter_ns()
+            self.metrics.record_failure(len(batch), sum(failed - r.arrived_ns for r in batch))
             return
-        queued = sum(started - r.arrived_ns for r in batch)
-        self.metrics.record_execution(sum(r.rows for r in batch), len(batch), queued, computed - started)
         done = time.perf_counter_ns()
+        queued = sum(started - r.arrived_ns for r in batch)
+        self.metrics.record_execution(sum(r.rows for r in batch), len(batch), queued, computed - merged_ns,
+                                      merged_ns - started, done - computed)
         for request, result in zip(batch, results):
             request.future.set_result(result)
             self.metrics.record_success(done - request.arrived_ns)

@@ -1,0 +1,234 @@
+"""`temper serve --grpc-port`: the KServe v2 / Triton gRPC API (`inference.GRPCInferenceService`).
+
+The messages and the servicer base class are the generated stubs tritonclient ships, so the wire
+format is Triton's own and tritonclient.grpc talks to it unchanged. RPCs not implemented here
+(streaming, statistics, repository, shared memory) answer UNIMPLEMENTED from the base class.
+
+Behind it is the same Runtime as the REST server: one batcher, one bounded queue, one set of
+metrics. It runs on gRPC's own thread pool, not on uvicorn's event loop (which server.py owns):
+each in-flight RPC holds a pool thread that blocks on its Runtime future, so concurrent RPCs
+reach the batcher together and share batches. The pool admits max_queue + max_batch_size RPCs,
+what the Runtime can hold queued and running; gRPC refuses more with RESOURCE_EXHAUSTED.
+
+Status codes, each with a one-line message; the server keeps serving afterwards:
+  INVALID_ARGUMENT    unknown, missing or repeated input; wrong datatype; a shape the model does not
+                      take; data not matching its shape; batch over max_batch_size; unknown output
+  NOT_FOUND           unknown model or version
+  UNAVAILABLE         not ready yet (warming up) or stopping
+  RESOURCE_EXHAUSTED  queue full, too many RPCs in flight, message over the size limit
+  DEADLINE_EXCEEDED   not answered within the bundle's timeout_s (or the client's deadline)
+  INTERNAL            the engine itself failed
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+
+import numpy as np
+
+try:
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pb_grpc
+except (ImportError, RuntimeError) as exc:  # tritonclient reports a missing grpcio as a RuntimeError
+    raise ImportError(f"gRPC serving needs grpcio and tritonclient[grpc] (pip install 'temper-ml[grpc]'): {exc}") \
+        from exc
+
+from artifacts.bundle import TensorSpec
+from artifacts.runtime import Overloaded, RequestError, RequestTimeout, Runtime
+
+log = logging.getLogger(__name__)
+# The protocol's names, as the REST server (artifacts/server.py) uses them; not imported from there so
+# that gRPC serving does not depend on the REST stack's packages.
+VERSION = "1"
+DATATYPES = {"float32": "FP32", "float16": "FP16", "int64": "INT64", "int32": "INT32", "int8": "INT8",
+             "uint8": "UINT8", "bool": "BOOL"}  # numpy dtype name -> KServe v2 datatype
+WIRE = {kserve: np.dtype(name).newbyteorder("<") for name, kserve in DATATYPES.items()}  # raw data is little-endian
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+Context = grpc.ServicerContext
+# KServe datatype -> the InferTensorContents field that carries it typed; FP16 only comes raw, as in Triton.
+CONTENTS = {"FP32": "fp32_contents", "INT64": "int64_contents", "INT32": "int_contents", "INT8": "int_contents",
+            "UINT8": "uint_contents", "BOOL": "bool_contents"}
+STATUS = {RequestError: grpc.StatusCode.INVALID_ARGUMENT, Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
+          RequestTimeout: grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+class Refused(Exception):
+    """A request turned away before it reached the Runtime, with the status code to answer."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+    """Health, metadata and ModelInfer for one Runtime."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        config = runtime.config
+        self.name = config.name
+        self.inputs = {spec.name: spec for spec in config.inputs}
+        self.outputs = [spec.name for spec in config.outputs]
+        self.metadata = pb.ModelMetadataResponse(name=self.name, versions=[VERSION], platform="onnxruntime",
+                                                 inputs=_tensors(config.inputs), outputs=_tensors(config.outputs))
+
+    def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    def ServerReady(self, request: pb.ServerReadyRequest, context: Context) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.runtime.ready)
+
+    def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name="temper", version=VERSION)
+
+    def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
+        self._model_or_abort(request.name, request.version, context)
+        return pb.ModelReadyResponse(ready=self.runtime.ready)
+
+    def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context) -> pb.ModelMetadataResponse:
+        self._model_or_abort(request.name, request.version, context)
+        return self.metadata
+
+    def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
+        """Decode, run through the Runtime's batcher, answer with raw_output_contents."""
+        self._model_or_abort(request.model_name, request.model_version, context)
+        try:
+            return self._infer(request, context.time_remaining())
+        except Refused as exc:
+            self.runtime.metrics.record_failure()  # the Runtime counts only what reaches it
+            code, message = exc.code, str(exc)
+        except (RequestError, Overloaded, RequestTimeout) as exc:  # already counted by the Runtime
+            code, message = STATUS[type(exc)], str(exc)
+        except Exception as exc:
+            log.exception("inference failed")
+            code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+        context.abort(code, message)
+
+    def _model_or_abort(self, name: str, version: str, context: Context) -> None:
+        if name != self.name:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model '{name}'; this server serves '{self.name}'")
+        if version not in ("", VERSION):
+            context.abort(grpc.StatusCode.NOT_FOUND, f"model '{name}' has no version '{version}'; it has {VERSION}")
+
+    def _infer(self, request: pb.ModelInferRequest, client_remaining_s: float | None) -> pb.ModelInferResponse:
+        inputs = self._decode_inputs(request)
+        wanted = self._wanted_outputs(request)
+        if not self.runtime.ready:
+            raise Refused(grpc.StatusCode.UNAVAILABLE, f"model '{self.name}' is not ready")
+        future = self.runtime.submit(inputs, inline=True)  # a pool thread may run a tiny model itself
+        timeout_s = self.runtime.config.timeout_s
+        wait_s = timeout_s if client_remaining_s is None else min(timeout_s, client_remaining_s)
+        try:
+            results = future.result(timeout=wait_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()  # still queued: the batcher skips it
+            raise RequestTimeout(f"not answered within {wait_s:.3g}s") from None
+        response = pb.ModelInferResponse(model_name=self.name, model_version=VERSION, id=request.id)
+        for name in wanted:
+            array = results[name]
+            response.outputs.add(name=name, datatype=DATATYPES[array.dtype.name], shape=array.shape)
+            response.raw_output_contents.append(np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes())
+        return response
+
+    def _decode_inputs(self, request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
+        """Arrays from raw_input_contents (one per input, in order) or from each input's typed contents.
+
+        Missing inputs and shapes the model does not take are left to the Runtime's own checks."""
+        raw = request.raw_input_contents
+        if raw and len(raw) != len(request.inputs):
+            raise _invalid(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; one per input, in order")
+        inputs: dict[str, np.ndarray] = {}
+        for index, tensor in enumerate(request.inputs):
+            name = tensor.name
+            spec = self.inputs.get(name)
+            if spec is None:
+                raise _invalid(f"unknown input '{name}'; the model takes {', '.join(self.inputs)}")
+            if name in inputs:
+                raise _invalid(f"input '{name}' is given twice")
+            if "shared_memory_region" in tensor.parameters:
+                raise _invalid(f"input '{name}': shared memory is not supported; send the data in the request")
+            datatype = DATATYPES[spec.dtype]
+            if tensor.datatype != datatype:
+                raise _invalid(f"input '{name}': datatype '{tensor.datatype}' does not match the model's {datatype}")
+            shape = list(tensor.shape)
+            if any(d < 0 for d in shape):
+                raise _invalid(f"input '{name}': shape must be non-negative integers, got {shape}")
+            dtype, count = WIRE[datatype], math.prod(shape)
+            if raw:
+                if tensor.HasField("contents"):
+                    raise _invalid(f"input '{name}' has contents although the request uses raw_input_contents")
+                if len(raw[index]) != count * dtype.itemsize:
+                    raise _invalid(f"input '{name}': {len(raw[index])} raw bytes for shape {shape} of {datatype} "
+                                   f"({count * dtype.itemsize} bytes)")
+                array = np.frombuffer(raw[index], dtype=dtype)
+            else:
+                field = CONTENTS.get(datatype)
+                if field is None:
+                    raise _invalid(f"input '{name}': {datatype} data must come in raw_input_contents")
+                values = getattr(tensor.contents, field)
+                if len(values) != count:
+                    raise _invalid(f"input '{name}': {len(values)} {field} values for shape {shape} ({count} elements)")
+                try:
+                    array = np.array(values, dtype=dtype)
+                except (OverflowError, ValueError) as exc:
+                    raise _invalid(f"input '{name}': {field} values are not {datatype}: {exc}") from None
+            inputs[name] = array.reshape(shape)
+        return inputs
+
+    def _wanted_outputs(self, request: pb.ModelInferRequest) -> list[str]:
+        """The outputs to answer with, in the order asked (all of them when none is asked for)."""
+        if not request.outputs:
+            return self.outputs
+        for output in request.outputs:
+            if output.name not in self.outputs:
+                raise _invalid(f"unknown output '{output.name}'; the model gives {', '.join(self.outputs)}")
+            if "shared_memory_region" in output.parameters:
+                raise _invalid(f"output '{output.name}': shared memory is not supported")
+        return [output.name for output in request.outputs]
+
+
+class GrpcServer:
+    """A gRPC server for one Runtime on its own thread pool; start() binds, stop() drains.
+
+    It neither starts nor stops the Runtime: `temper serve` shares it with the REST server, whose
+    lifespan warms it up; until then ModelInfer answers UNAVAILABLE.
+    """
+
+    def __init__(self, runtime: Runtime, host: str = "127.0.0.1", port: int = 8001,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        in_flight = runtime.config.max_queue + runtime.max_rows
+        self.server = grpc.server(
+            concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="temper-grpc"),
+            maximum_concurrent_rpcs=in_flight,
+            options=[("grpc.max_receive_message_length", max_message_bytes),
+                     ("grpc.so_reuseport", 0)],  # a port in use fails here instead of being shared
+        )
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(runtime), self.server)
+
+    def start(self) -> int:
+        """Bind and serve in the background; the bound port (useful with port 0). OSError when it cannot bind."""
+        try:
+            port = self.server.add_insecure_port(self.address)
+        except RuntimeError as exc:  # grpcio raises, or returns 0 in older versions
+            raise OSError(f"cannot listen for gRPC on {self.address}: {exc}") from None
+        if port == 0:
+            raise OSError(f"cannot listen for gRPC on {self.address} (address in use?)")
+        self.server.start()
+        return port
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Refuse new RPCs and give those in flight grace_s to finish."""
+        self.server.stop(grace_s).wait()
+
+
+def _invalid(message: str) -> Refused:
+    return Refused(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def _tensors(specs: list[TensorSpec]) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+    metadata = pb.ModelMetadataResponse.TensorMetadata
+    return [metadata(name=s.name, datatype=DATATYPES[s.dtype], shape=s.shape) for s in specs]

@@ -1,0 +1,485 @@
+"""Soak `temper serve` with mixed-shape token traffic and watch whether the server's memory stays flat.
+
+    .venv/bin/python benchmarks/soak.py [--model MODEL.onnx] [--requests N] [--seconds S] [--clients C]
+    .venv/bin/python benchmarks/soak.py --arena [--model MODEL.onnx] [--runs N]
+
+Serving soak (default): a bundle of the MiniLM int8-dynamic candidate (built by `temper run
+recipes/minilm.yaml` in a private cache with the recipe's publish section dropped, unless --model
+names an ONNX file) with pad {input_ids: 0, attention_mask: 0} and max_batch_size 32, served by
+`temper serve` on 127.0.0.1. C closed-loop clients send random batch sizes (1..16) of random sequence
+lengths (8..128) with Triton's binary tensor extension until N requests or S seconds. The server's
+RSS is sampled by PID every --sample-s. Printed: requests, errors (must be 0), RSS after warm-up vs
+at the end (target: within +-10%), p50/p99 latency, the average batch formed; the RSS curve goes to
+a PNG. Exit status 1 when a request failed or the RSS moved more than --tolerance after warm-up.
+
+Arena check (--arena): ONNX Runtime's CPU arena and memory patterns are sized by the shapes a session
+has seen, so a server that meets many shapes can grow. The same random shapes (batches up to 32 rows,
+as the batcher merges them) run directly on sessions built with different memory options, each
+variant in a fresh process, and the table shows which options keep RSS flat and what they cost per
+run. The options are built here, not in artifacts/runtime.py, so they can be compared before one is
+adopted there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import itertools
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RECIPE = ROOT / "recipes" / "minilm.yaml"
+MiB = 1024 * 1024
+TEMPER = [sys.executable, "-c", "import sys; from pipeline.cli import main; sys.argv[0] = 'temper'; main()"]
+
+
+def log(*parts: object) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+# -- model and bundle ------------------------------------------------------------------------
+
+
+def build_minilm(base: Path, candidate: str) -> Path:
+    """`temper run recipes/minilm.yaml` into base/minilm with a private step cache; the candidate's model.
+
+    The recipe runs as a copy without its publish section (beside the original: its paths are
+    relative), so the soak registers nothing anywhere. An existing output is reused."""
+    import yaml
+
+    model = base / "minilm" / candidate / "model.onnx"
+    if model.is_file():
+        return model
+    data = yaml.safe_load(RECIPE.read_text())
+    data.pop("publish", None)
+    copy = RECIPE.parent / f".soak-{RECIPE.stem}.yaml"
+    copy.write_text(f"# temporary copy of {RECIPE.name} written by benchmarks/soak.py; safe to delete\n"
+                    + yaml.safe_dump(data, sort_keys=False))
+    env = {**os.environ, "TEMPER_CACHE_DIR": str(base / "cache"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{base / 'mlflow.db'}"}  # nothing lands in the caller's store
+    log(f"=== temper run {RECIPE} --output {base / 'minilm'} (minutes, once per --out-base)")
+    try:
+        rc = subprocess.run([*TEMPER, "run", str(copy), "--output", str(base / "minilm")], cwd=ROOT, env=env,
+                            stdout=sys.stderr, stderr=sys.stderr).returncode
+    finally:
+        copy.unlink(missing_ok=True)
+    if not model.is_file():
+        raise SystemExit(f"error: temper run exited {rc} without {model}")
+    return model
+
+
+def make_bundle(model: Path, dest: Path, name: str = "minilm", max_batch_size: int = 32) -> Path:
+    """A serving bundle padding the token inputs to the longest in each batch."""
+    from artifacts import bundle
+
+    config = bundle.config_for(model, name, max_batch_size=max_batch_size, max_delay_ms=10, max_queue=256,
+                               pad={"input_ids": 0, "attention_mask": 0})
+    return bundle.write(dest, model, config)
+
+
+# -- server ------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request(port: int, method: str, path: str, timeout: float = 10) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+@contextmanager
+def serving(bundle: Path, logfile: Path, ready_within_s: float = 300) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`temper serve BUNDLE` on a free loopback port, in its own session; (process, port) once ready.
+    Stopped by its PID (SIGINT to its own process group, SIGKILL after 30 s)."""
+    port = free_port()
+    with open(logfile, "ab") as out:
+        proc = subprocess.Popen([*TEMPER, "serve", str(bundle), "--port", str(port)], cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + ready_within_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"temper serve exited {proc.returncode} while starting: "
+                                   f"{logfile.read_text()[-2000:]}")
+            try:
+                if request(port, "GET", "/v2/health/ready", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass  # not listening yet
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"temper serve not ready within {ready_within_s:.0f}s; see {logfile}")
+            time.sleep(0.2)
+        yield proc, port
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)  # start_new_session: the group is this server alone
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def counters(port: int) -> dict[str, float]:
+    """The server's Prometheus counters by name (one model: labels dropped)."""
+    status, body = request(port, "GET", "/metrics")
+    if status != 200:
+        return {}
+    found = re.findall(r"^(\w+)\{[^}]*\} (\S+)$", body.decode(), flags=re.MULTILINE)
+    return {name: float(value) for name, value in found}
+
+
+# -- load and RSS ------------------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    """What the clients did; `done` is read by the RSS sampler while they run."""
+
+    done: int = 0
+    rows: int = 0
+    errors: int = 0
+    first_errors: list[str] = field(default_factory=list)
+    latencies_ms: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, rows: int, latency_ms: float, error: str | None) -> None:
+        with self._lock:
+            self.done += 1
+            if error is None:
+                self.rows += rows
+                self.latencies_ms.append(latency_ms)
+            else:
+                self.errors += 1
+                if len(self.first_errors) < 5:
+                    self.first_errors.append(error)
+
+
+def token_request(rng: np.random.Generator, rows: int, length: int, vocab: int) -> tuple[bytes, bytes]:
+    """A binary-extension request: (JSON header, tensor bytes) for input_ids and attention_mask.
+
+    The ids start with a CLS-like 101 and the mask is all ones: every row is as long as the request
+    says; the server pads between requests of a batch."""
+    ids = rng.integers(1000, vocab, (rows, length), dtype=np.int64)
+    ids[:, 0] = 101
+    mask = np.ones((rows, length), dtype=np.int64)
+    tensors = [("input_ids", ids), ("attention_mask", mask)]
+    head = {"inputs": [{"name": name, "shape": [rows, length], "datatype": "INT64",
+                        "parameters": {"binary_data_size": a.nbytes}} for name, a in tensors],
+            "parameters": {"binary_data_output": True}}
+    return json.dumps(head).encode(), b"".join(a.astype("<i8").tobytes() for _, a in tensors)
+
+
+def run_load(port: int, model: str, load: Load, requests: int, seconds: float, clients: int,
+             max_rows: int = 16, lengths: tuple[int, int] = (8, 128), vocab: int = 30000, seed: int = 0) -> Load:
+    """`clients` closed-loop keep-alive connections, random rows in 1..max_rows and lengths in
+    lengths (inclusive), until `requests` were sent or `seconds` passed. A reply counts as an error
+    unless it is HTTP 200 with one output row per input row."""
+    tickets = itertools.count()
+    deadline = time.monotonic() + seconds
+    path = f"/v2/models/{model}/infer"
+
+    def client(index: int) -> None:
+        rng = np.random.default_rng([seed, index])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        while next(tickets) < requests and time.monotonic() < deadline:
+            rows, length = int(rng.integers(1, max_rows + 1)), int(rng.integers(lengths[0], lengths[1] + 1))
+            head, blob = token_request(rng, rows, length, vocab)
+            began = time.perf_counter()
+            try:
+                conn.request("POST", path, head + blob, {"Inference-Header-Content-Length": str(len(head))})
+                response = conn.getresponse()
+                body = response.read()
+                error = _check(response, body, rows, length)
+            except (OSError, http.client.HTTPException) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                conn.close()  # http.client reconnects on the next request
+            load.record(rows, (time.perf_counter() - began) * 1000, error)
+        conn.close()
+
+    began = time.monotonic()
+    threads = [threading.Thread(target=client, args=(i,), name=f"soak-client-{i}") for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    load.seconds = time.monotonic() - began
+    return load
+
+
+def _check(response: http.client.HTTPResponse, body: bytes, rows: int, length: int) -> str | None:
+    """Why a reply is wrong, or None: HTTP 200 with `rows` rows, per-token outputs cut back to `length`."""
+    if response.status != 200:
+        return f"HTTP {response.status}: {body[:200]!r}"
+    head = response.getheader("Inference-Header-Content-Length")
+    shapes = [out["shape"] for out in json.loads(body[: int(head)] if head else body)["outputs"]]
+    if any(shape[0] != rows or (len(shape) > 2 and shape[1] != length) for shape in shapes):
+        return f"{rows} rows of length {length} got output shapes {shapes}"
+    return None
+
+
+class RssSampler(threading.Thread):
+    """Samples a process's RSS every `every_s`: (seconds since start, RSS bytes, requests done)."""
+
+    def __init__(self, pid: int, every_s: float, progress: Callable[[], int]) -> None:
+        super().__init__(name="soak-rss", daemon=True)
+        self.process, self.every_s, self.progress = psutil.Process(pid), every_s, progress
+        self.samples: list[tuple[float, int, int]] = []
+        self.halt = threading.Event()
+        self.began = time.monotonic()
+
+    def run(self) -> None:
+        while True:
+            self.sample()
+            if self.halt.wait(self.every_s):
+                return
+
+    def sample(self) -> None:
+        self.samples.append((time.monotonic() - self.began, self.process.memory_info().rss, self.progress()))
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join()
+        self.sample()  # the end of the run, whatever the interval
+
+
+def rss_after_warmup(samples: list[tuple[float, int, int]], warmup_fraction: float) -> tuple[float, int]:
+    """(time, RSS) of the first sample after the first warmup_fraction of the run's duration."""
+    cut = samples[-1][0] * warmup_fraction
+    return next((t, rss) for t, rss, _ in samples if t >= cut)
+
+
+# -- the serving soak ----------------------------------------------------------------------------
+
+
+def soak(args: argparse.Namespace, base: Path) -> int:
+    model = args.model or build_minilm(base, args.candidate)
+    folder = make_bundle(model, base / "bundle")
+    log(f"=== serving {folder} ({model})")
+    load = Load()
+    with serving(folder, base / "temper-serve.log") as (proc, port):
+        before = counters(port)
+        sampler = RssSampler(proc.pid, args.sample_s, lambda: load.done)
+        sampler.start()
+        run_load(port, "minilm", load, args.requests, args.seconds, args.clients, seed=args.seed)
+        sampler.stop()
+        after = counters(port)
+    executions = after.get("nv_inference_exec_count", 0) - before.get("nv_inference_exec_count", 0)
+    inferred = after.get("nv_inference_count", 0) - before.get("nv_inference_count", 0)
+    warm_t, warm = rss_after_warmup(sampler.samples, args.warmup_fraction)
+    end, peak = sampler.samples[-1][1], max(rss for _, rss, _ in sampler.samples)
+    drift = end / warm - 1
+    latency = np.percentile(load.latencies_ms, [50, 99]) if load.latencies_ms else [float("nan")] * 2
+    plot_rss(sampler.samples, warm_t, warm, args.tolerance, args.png,
+             f"temper serve MiniLM: {load.done:,} requests, batch 1-16, seq 8-128, {args.clients} clients")
+    print(f"requests   {load.done:,} in {load.seconds:.0f} s ({load.done / load.seconds:,.0f}/s, "
+          f"{load.rows / load.seconds:,.0f} rows/s)")
+    print(f"errors     {load.errors}" + "".join(f"\n  {e}" for e in load.first_errors))
+    print(f"batches    {executions:,.0f} executions, {inferred / max(executions, 1):.1f} rows on average")
+    print(f"RSS        {warm / MiB:,.0f} MiB after warm-up ({warm_t:.0f} s), {end / MiB:,.0f} MiB at the end "
+          f"({drift:+.1%}), peak {peak / MiB:,.0f} MiB")
+    print(f"latency    p50 {latency[0]:.1f} ms, p99 {latency[1]:.1f} ms")
+    print(f"plot       {args.png}")
+    flat = abs(drift) <= args.tolerance
+    print(f"verdict    {'PASS' if flat and not load.errors else 'FAIL'}: errors {load.errors}, "
+          f"RSS {'flat' if flat else 'moved'} within +-{args.tolerance:.0%}")
+    return 0 if flat and not load.errors else 1
+
+
+def plot_rss(samples: list[tuple[float, int, int]], warm_t: float, warm: int, tolerance: float, png: Path,
+             title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    minutes = [t / 60 for t, _, _ in samples]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    ax.plot(minutes, [rss / MiB for _, rss, _ in samples], label="server RSS")
+    ax.axvline(warm_t / 60, color="grey", linestyle="--", label="end of warm-up")
+    ax.axhspan(warm * (1 - tolerance) / MiB, warm * (1 + tolerance) / MiB, color="green", alpha=0.1,
+               label=f"+-{tolerance:.0%} of the warm RSS")
+    ax.set(xlabel="minutes", ylabel="RSS (MiB)", title=title)
+    ax.set_ylim(bottom=0)
+    twin = ax.twinx()
+    twin.plot(minutes, [done for _, _, done in samples], color="orange", alpha=0.5, label="requests done")
+    twin.set_ylabel("requests done")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+# -- the arena check -----------------------------------------------------------------------------
+
+# What each variant changes on top of the session artifacts/runtime.py builds today.
+VARIANTS = {
+    "runtime": "as artifacts/runtime.py builds it (CPU arena, extend kNextPowerOfTwo, memory patterns on)",
+    "no-mem-pattern": "SessionOptions.enable_mem_pattern = False",
+    "shrink": "RunOptions memory.enable_memory_arena_shrinkage = cpu:0 on every run",
+    "same-as-requested": "a shared CPU arena with arena_extend_strategy kSameAsRequested (session.use_env_allocators)",
+    "same+no-pattern": "kSameAsRequested shared arena and enable_mem_pattern = False",
+    "no-arena": "SessionOptions.enable_cpu_mem_arena = False (plain malloc)",
+}
+
+
+def variant_session(model: Path, variant: str) -> tuple[ort.InferenceSession, ort.RunOptions | None]:
+    """A session like Runtime._open's (all usable cores, intra-op threads that sleep) with `variant`'s change."""
+    from artifacts.host import usable_cores
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = usable_cores()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    run_options = None
+    if variant in ("no-mem-pattern", "same+no-pattern"):
+        options.enable_mem_pattern = False
+    if variant == "no-arena":
+        options.enable_cpu_mem_arena = False
+    if variant == "shrink":
+        run_options = ort.RunOptions()
+        run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    if variant in ("same-as-requested", "same+no-pattern"):
+        cpu = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+        ort.create_and_register_allocator(cpu, ort.OrtArenaCfg({"arena_extend_strategy": 1}))  # 1 = kSameAsRequested
+        options.add_session_config_entry("session.use_env_allocators", "1")
+    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"]), run_options
+
+
+def arena_child(model: Path, variants: list[str], runs: int, seed: int) -> None:
+    """Run `runs` random shapes on each variant's session, variants interleaved per shape (rotating
+    who goes first) so that load from other processes hits them alike; print one JSON line of
+    milliseconds per run by variant and of RSS after each shape (one variant: that session's)."""
+    sessions = {variant: variant_session(model, variant) for variant in variants}
+    names = [i.name for i in next(iter(sessions.values()))[0].get_inputs()]
+    rng = np.random.default_rng(seed)  # the same shapes in every child
+    me = psutil.Process()
+    rss: list[int] = []
+    ms: dict[str, list[float]] = {variant: [] for variant in variants}
+    for turn in range(runs):
+        rows, length = int(rng.integers(1, 33)), int(rng.integers(8, 129))
+        feed = {name: (np.ones((rows, length), np.int64) if "mask" in name
+                       else rng.integers(1000, 30000, (rows, length), dtype=np.int64)) for name in names}
+        for variant in variants[turn % len(variants):] + variants[: turn % len(variants)]:
+            session, run_options = sessions[variant]
+            began = time.perf_counter()
+            session.run(None, feed, run_options)
+            ms[variant].append((time.perf_counter() - began) * 1000)
+        rss.append(me.memory_info().rss)
+    print(json.dumps({"rss": rss, "ms": ms}))
+
+
+def arena(args: argparse.Namespace, base: Path) -> int:
+    """RSS per variant, each alone in a fresh process; then their speed, interleaved in one process."""
+    model = args.model or build_minilm(base, args.candidate)
+
+    def child(variants: list[str], runs: int) -> dict:
+        found = subprocess.run([sys.executable, __file__, "--arena-child", ",".join(variants), "--model", str(model),
+                                "--runs", str(runs), "--seed", str(args.seed)],
+                               capture_output=True, text=True, timeout=args.seconds)
+        if found.returncode:
+            log(found.stderr[-2000:])
+            raise SystemExit(f"error: {variants} exited {found.returncode}")
+        return json.loads(found.stdout.strip().splitlines()[-1])
+
+    rss = {}
+    for variant in VARIANTS:
+        log(f"=== {variant}: RSS over {args.runs} runs of random shapes (rows 1-32, seq 8-128)")
+        rss[variant] = child([variant], args.runs)["rss"]
+    log(f"=== speed: {args.timing_runs} shapes, every variant on each, interleaved")
+    ms = child(list(VARIANTS), args.timing_runs)["ms"]
+    print("| variant | RSS after warm-up (MiB) | RSS at the end | change | peak | ms/run (median) | vs runtime "
+          "| what |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    warm_at = int(args.runs * args.warmup_fraction)
+    for variant, samples in rss.items():
+        warm, end, median = samples[warm_at], samples[-1], float(np.median(ms[variant]))
+        ratio = float(np.median(np.array(ms[variant]) / np.array(ms["runtime"])))
+        print(f"| {variant} | {warm / MiB:,.0f} | {end / MiB:,.0f} | {end / warm - 1:+.1%} | {max(samples) / MiB:,.0f} "
+              f"| {median:.1f} | {ratio:.2f}x | {VARIANTS[variant]} |")
+    print(f"\nms/run: median over {args.timing_runs} shapes; vs runtime: median of the per-shape time ratios")
+    plot_arena(rss, warm_at, args.png)
+    print(f"plot: {args.png}")
+    return 0
+
+
+def plot_arena(rss: dict[str, list[int]], warm_at: int, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for variant, samples in rss.items():
+        ax.plot([value / MiB for value in samples], label=variant)
+    ax.axvline(warm_at, color="grey", linestyle="--", label="end of warm-up")
+    ax.set(xlabel="run", ylabel="RSS (MiB)", title="ONNX Runtime session RSS over random shapes, by memory option")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--model", type=Path, help="ONNX model with input_ids/attention_mask (default: build MiniLM)")
+    add("--candidate", default="int8-dynamic", help="which MiniLM candidate to build and serve")
+    add("--out-base", type=Path, help="folder for the build, bundle, logs, PNG (default: a new temp dir)")
+    add("--requests", type=int, default=200_000, help="stop after this many requests")
+    add("--seconds", type=float, default=4 * 3600, help="stop after this long (the arena check: per variant)")
+    add("--clients", type=int, default=8, help="closed-loop client connections")
+    add("--sample-s", type=float, default=5.0, help="seconds between RSS samples")
+    add("--warmup-fraction", type=float, default=0.1, help="RSS is compared from this share of the run on")
+    add("--tolerance", type=float, default=0.10, help="allowed RSS change after warm-up (0.10 = +-10%%)")
+    add("--seed", type=int, default=0)
+    add("--png", type=Path, help="where the plot goes (default: OUT_BASE/soak-rss.png or arena-rss.png)")
+    add("--arena", action="store_true", help="compare ONNX Runtime memory options instead of serving")
+    add("--runs", type=int, default=1500, help="session runs per variant in the arena check")
+    add("--timing-runs", type=int, default=100, help="shapes timed on every variant, interleaved, in the arena check")
+    add("--arena-child", help=argparse.SUPPRESS)  # comma-separated VARIANTS, run in this process
+    args = parser.parse_args(argv)
+    if args.arena_child:
+        arena_child(args.model, args.arena_child.split(","), args.runs, args.seed)
+        return 0
+    if min(args.requests, args.clients, args.timing_runs) < 1 or args.seconds <= 0 or args.runs < 10:
+        parser.error("--requests, --seconds, --clients, --timing-runs must be positive and --runs at least 10")
+    base = (args.out_base or Path(tempfile.mkdtemp(prefix="temper-soak-"))).resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    args.png = args.png or base / ("arena-rss.png" if args.arena else "soak-rss.png")
+    log(f"outputs: {base}")
+    return arena(args, base) if args.arena else soak(args, base)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,20 +3,22 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Annotated, Optional
 
-import click
 import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+from typer._click.exceptions import NoArgsIsHelpError  # typer bundles click: `click`'s own classes never match
 
 from artifacts.host import HostProfile, profile
 from pipeline.cache import StepCache, default_root
@@ -28,18 +30,38 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Recipes in, 
 out = Console()
 err = Console(stderr=True)
 DEBUG = {"on": False}
+COMMAND: dict[str, Optional[str]] = {"name": None}  # the subcommand running, for the line an interruption prints
 
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
 CacheOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="step cache (default: $TEMPER_CACHE_DIR or ~/.cache/temper)")]
 
 
+def _show_version(value: bool) -> None:
+    """`temper --version`: the installed temper-ml distribution's version, before any command runs."""
+    if value:
+        print(f"temper {importlib.metadata.version('temper-ml')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _options(debug: Annotated[bool, typer.Option("--debug", help="show tracebacks and library warnings")] = False) -> None:
+def _options(
+    ctx: typer.Context,
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks and library warnings")] = False,
+    version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
+                                          callback=_show_version)] = False,
+) -> None:
     DEBUG["on"] = debug
-    # Exporters and quantizers log advice meant for their own developers; temper reports what matters.
+    COMMAND["name"] = ctx.invoked_subcommand
+    # Exporters, quantizers and MLflow log and warn advice meant for their own developers; temper reports what
+    # matters. Without --debug warnings become log records below the root level: a library's own "once" or
+    # "always" filter cannot bring them back.
+    logging.captureWarnings(not debug)
     logging.getLogger().setLevel(logging.DEBUG if debug else logging.ERROR)
-    for chatty in ("mlflow", "alembic"):  # they attach their own INFO handlers
-        logging.getLogger(chatty).setLevel(logging.DEBUG if debug else logging.WARNING)
+    # MLflow sets its loggers' levels when it is imported (lazily, after this) from this variable; the
+    # setLevel calls cover an MLflow imported already (the tests call main() in-process).
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "DEBUG" if debug else "ERROR")
+    for chatty in ("mlflow", "alembic"):
+        logging.getLogger(chatty).setLevel(logging.DEBUG if debug else logging.ERROR)
 
 
 class _Display:
@@ -78,7 +100,7 @@ def run(
 ) -> None:
     """Build the baseline and every candidate, validate them against the recipe's gates, write the output
     folder, and publish the selected candidate when the recipe has a publish section and the gates hold."""
-    from pipeline.gating import from_run, precheck
+    from pipeline.gating import from_run, precheck, preflight
     from pipeline.outputs import OutputFolder
     from validators import report
     from validators.validation import as_report, validate
@@ -90,9 +112,10 @@ def run(
     begin = time.perf_counter()
     verdict = None
     try:
-        precheck(runner)
+        precheck(runner)  # data and providers, before even the baseline is built
         with _progress() as progress:
             runner.observer = display = _Display(progress)
+            preflight(runner, tracking_uri)  # what the baseline alone can tell, before any candidate
             result = runner.run()
             if loaded.recipe.validation is not None:
                 verdict = as_report(validate(from_run(runner, result), display.note))
@@ -129,13 +152,17 @@ def promote(
 ) -> None:
     """Move an alias (e.g. champion) to a registered version."""
     from artifacts.registry import connect
-    from artifacts.registry import promote as move_alias
     from pipeline.errors import RecipeError, first_line
 
-    try:
-        move_alias(connect(tracking_uri), name, version, alias)
-    except Exception as exc:
-        raise RecipeError(f"models:/{name}/{version}", "VERSION", first_line(exc)) from exc
+    client = connect(tracking_uri)
+    steps = (("NAME", lambda: client.get_registered_model(name)),  # each error names the argument that is wrong
+             ("VERSION", lambda: client.get_model_version(name, version)),
+             ("--alias", lambda: client.set_registered_model_alias(name, alias, version)))
+    for argument, step in steps:
+        try:
+            step()
+        except Exception as exc:
+            raise RecipeError(f"models:/{name}/{version}", argument, first_line(exc)) from exc
     out.print(f"models:/{name}@{alias} -> version {version}")
 
 
@@ -191,14 +218,14 @@ def validate_cmd(
 
 
 @app.command()
-def check(recipe: RecipeArg, cache_dir: CacheOpt = None) -> None:
+def check(recipe: RecipeArg, cache_dir: CacheOpt = None, tracking_uri: TrackingOpt = None) -> None:
     """Validate the recipe and everything it refers to, without building candidates."""
     from pipeline.check import check as run_check
 
     loaded = load_recipe(recipe)
     runner = Runner(loaded, StepCache(cache_dir or default_root()))
     try:
-        for line in run_check(runner):
+        for line in run_check(runner, tracking_uri):
             out.print(Text.assemble(("  ✓ ", "green"), line))
     finally:
         runner.close()
@@ -249,23 +276,46 @@ def schema() -> None:
 
 @app.command()
 def serve(
-    model: Annotated[str, typer.Argument(help="serving bundle folder, or models:/NAME@ALIAS or models:/NAME/VERSION", show_default=False)],
+    model: Annotated[str, typer.Argument(
+        help="serving bundle folder; a run's output folder (its selected model) or OUTPUT/CANDIDATE; "
+             "or models:/NAME@ALIAS or models:/NAME/VERSION", show_default=False)],
     host: Annotated[str, typer.Option("--host", help="address to bind; 0.0.0.0 exposes the server beyond this machine")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port")] = 8000,
-    max_body_mb: Annotated[float, typer.Option("--max-body-mb", help="refuse larger request bodies with HTTP 413")] = 64.0,
+    max_body_mb: Annotated[Optional[float], typer.Option(
+        "--max-body-mb", help="refuse larger request bodies with HTTP 413 [default: a full batch of the model's "
+                              "inputs as JSON, at least 1 MiB]")] = None,
+    max_connections: Annotated[Optional[int], typer.Option(
+        "--max-connections", min=1, help="open HTTP connections at most; one more closes the longest idle one "
+                                         "[default: what the open-file limit leaves room for, at most 4096]")] = None,
+    grpc_port: Annotated[Optional[int], typer.Option("--grpc-port", min=1, max=65535, help="also serve KServe v2 gRPC on this port (needs the grpc extra)")] = None,
     tracking_uri: TrackingOpt = None,
 ) -> None:
-    """Serve a bundle over the Open Inference Protocol (KServe v2 REST): dynamic batching, Prometheus /metrics."""
+    """Serve a bundle over the Open Inference Protocol (KServe v2 REST, and gRPC with --grpc-port): dynamic batching,
+    Prometheus /metrics."""
     import tempfile
 
-    from artifacts.bundle import CONFIG, MODEL
+    from artifacts.bundle import CONFIG, MODEL, config_for
     from artifacts.runtime import Runtime
+    from artifacts.server import bind, body_limit
     from artifacts.server import serve as run_server
-    from pipeline.errors import RecipeError, first_line
+    from pipeline.errors import EnvironmentProblem, RecipeError, first_line
+    from pipeline.outputs import MANIFEST
 
-    if max_body_mb <= 0:
+    if max_body_mb is not None and max_body_mb <= 0:
         raise RecipeError(model, "--max-body-mb", f"must be more than 0, got {max_body_mb}")
-    with tempfile.TemporaryDirectory(prefix="temper-serve-") as tmp:
+    if grpc_port is not None:  # before any loading: missing packages are known now
+        if grpc_port == port:
+            raise RecipeError(model, "--grpc-port", f"must differ from --port {port}")
+        try:
+            from artifacts.grpc_server import GrpcServer
+        except ImportError as exc:
+            raise EnvironmentProblem(f"--grpc-port: {first_line(exc)}") from None
+    try:  # before loading or printing anything: a busy port is one line, not a traceback
+        sock = bind(host, port)
+    except OSError as exc:
+        raise EnvironmentProblem(f"--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    with sock, tempfile.TemporaryDirectory(prefix="temper-serve-") as tmp:
+        config = None  # from the bundle's runtime.json
         if model.startswith("models:/"):
             from artifacts.registry import connect, fetch_bundle, resolve_version
 
@@ -276,18 +326,48 @@ def serve(
                 raise RecipeError(model, "MODEL", first_line(exc)) from exc
         else:
             folder = Path(model)
-            if not (folder / CONFIG).is_file() or not (folder / MODEL).is_file():
-                raise RecipeError(model, "MODEL", f"neither a serving bundle folder ({MODEL} + {CONFIG}) nor a models:/NAME@ALIAS or models:/NAME/VERSION URI")
+            output = folder if (folder / MANIFEST).is_file() else folder.parent  # a run's output, or a model in it
+            if not (folder / CONFIG).is_file() and not (folder.is_dir() and (output / MANIFEST).is_file()):
+                raise RecipeError(model, "MODEL", f"neither a serving bundle folder ({MODEL} + {CONFIG}), a run's "
+                                  "output folder or a model in one, nor a models:/NAME@ALIAS or /NAME/VERSION URI")
+            if not (folder / CONFIG).is_file():  # unpublished: served with the options publishing would give it
+                report_file = output / "report.json"
+                try:
+                    report = json.loads(report_file.read_text()) if report_file.is_file() else {}
+                    if folder == output:  # the run's selection: the baseline when no candidate passed
+                        if "selected" not in report:
+                            raise ValueError("report.json names no selected model; serve OUTPUT/CANDIDATE")
+                        folder = output / report["selected"]
+                    recipe = json.loads((output / MANIFEST).read_text())["recipe"]["resolved"]
+                    publish = recipe.get("publish") or {}
+                    name = (publish.get("mlflow") or {}).get("registered_model") or recipe["name"]
+                    config = config_for(folder / MODEL, name, measured_on=report.get("host"),
+                                        **(publish.get("serving") or {}))
+                except Exception as exc:  # a failed candidate (no model), a damaged manifest or report
+                    raise RecipeError(model, "MODEL", f"cannot serve it from its run: {first_line(exc)}") from exc
         try:
-            runtime = Runtime(folder)
+            runtime = Runtime(folder, config=config)
         except Exception as exc:  # an invalid runtime.json, a model onnxruntime cannot load
             raise RecipeError(model, "MODEL", f"cannot load the bundle: {first_line(exc)}") from exc
         if runtime.host_warning:  # the root logger is at ERROR without --debug: the log line alone goes unseen
             err.print(Text.assemble(("warning: ", "yellow"), runtime.host_warning), soft_wrap=True)
         name = runtime.config.name
-        out.print(f"serving {name} ({runtime.engine}) at http://{host}:{port}/v2/models/{name} once warm "
-                  f"(GET /v2/health/ready answers 200); Ctrl-C stops", soft_wrap=True)
-        run_server(runtime, host, port, int(max_body_mb * 1024 * 1024))
+        max_body = int(max_body_mb * 1024 * 1024) if max_body_mb else body_limit(runtime.config)
+        out.print(f"serving {name} ({runtime.engine}) at http://{host}:{sock.getsockname()[1]}/v2/models/{name} "
+                  "once warm (GET /v2/health/ready answers 200); Ctrl-C stops", soft_wrap=True)
+        grpc_server = None
+        if grpc_port is not None:  # shares the runtime: ModelInfer answers UNAVAILABLE until the warm-up is done
+            grpc_server = GrpcServer(runtime, host, grpc_port, max_body)
+            try:
+                grpc_server.start()
+            except OSError as exc:
+                raise EnvironmentProblem(f"--grpc-port: {exc}") from None
+            out.print(f"serving {name} over gRPC (KServe v2 GRPCInferenceService) at {host}:{grpc_port}", soft_wrap=True)
+        try:
+            run_server(runtime, sock, max_body, max_connections)
+        finally:
+            if grpc_server is not None:
+                grpc_server.stop()
 
 
 @app.command("export-triton")
@@ -402,7 +482,7 @@ def bench(
 
     from pipeline.errors import OptionError, RecipeError, first_line
     from pipeline.onnx_io import load_structure
-    from validators.throughput import PROVIDERS, batch_of, measure, random_inputs
+    from validators.throughput import PROVIDERS, batch_of, fits_in_memory, measure, random_inputs
 
     file = str(model)
     try:
@@ -431,6 +511,10 @@ def bench(
     except Exception as exc:
         raise RecipeError(file, "MODEL", f"not a valid ONNX model: {first_line(exc)}") from None
     try:
+        one_row = random_inputs(structure, 1, given)
+        for size in sizes:  # a size that cannot fit is refused before anything is allocated for it
+            if (problem := fits_in_memory(one_row, size)) is not None:
+                raise RecipeError(file, "--batch-sizes", problem)
         sample = random_inputs(structure, max(sizes), given)
         for size in sizes:  # every size is checked before any time goes into measuring
             batch_of(structure, sample, size)
@@ -483,23 +567,54 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+class _Interrupted(BaseException):
+    """Ctrl-C or SIGTERM (a CI cancel). Not a KeyboardInterrupt: typer turns that into a silent exit 130
+    and user-code guards into a bad-input error; this one reaches main() through every finally block."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise _Interrupted(signum)
+
+
 def main() -> None:
+    """Run the CLI with temper's exit codes: usage errors and bad input 2, environment 3, interrupts 128 + signal."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # recipes load local models; never reach for a hub
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # temper shows its own progress
+    previous = {each: signal.signal(each, _interrupt) for each in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(each) is not signal.SIG_IGN}  # ignored by the parent (`nohup`, `cmd &`): stays so
     try:
         code = app(standalone_mode=False)  # returns the code of a typer.Exit raised by a command
+    except _Interrupted as exc:
+        from pipeline.outputs import COMMITTED
+
+        if COMMAND["name"] == "serve":  # how a server is stopped: it drained and shut down, a normal end
+            err.print("stopped")
+            sys.exit(0)
+        if COMMAND["name"] != "run":
+            err.print("interrupted")
+        elif COMMITTED:
+            err.print(Text(f"interrupted after writing {_shown(COMMITTED[-1])}"), soft_wrap=True)
+        else:
+            err.print("interrupted: nothing was written to the output folder")
+        sys.exit(128 + exc.signum)
     except TemperError as exc:
         if DEBUG["on"]:
             raise
         err.print(Text.assemble(("error: ", "red"), str(exc)), soft_wrap=True)
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
+    except NoArgsIsHelpError as exc:  # bare `temper`: the help, as the usage error it is
         exc.show()
         sys.exit(2)
-    except click.exceptions.Abort:
-        err.print("interrupted")
-        sys.exit(130)
-    except KeyboardInterrupt:
-        err.print("interrupted: nothing was written to the output folder")
-        sys.exit(130)
+    except typer.TyperException as exc:  # typer's own copy of click's errors: an unknown option, a bad value...
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+        err.print(Text.assemble(("error: ", "red"), " ".join(exc.format_message().split()) + hint), soft_wrap=True)
+        sys.exit(2)
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
     sys.exit(code if isinstance(code, int) else 0)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes some libraries put in messages
+
 
 def first_line(exc: BaseException) -> str:
     """`Type: first line of the message`: library messages run to pages; the CLI shows one line."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    lines = [line.strip() for line in _ANSI.sub("", str(exc)).splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 

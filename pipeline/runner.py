@@ -248,7 +248,10 @@ class Runner:
 
             if not isinstance(module, torch.nn.Module):
                 raise RecipeError(self.loaded.file, "model.factory", f"returned {type(module).__name__}, not a torch.nn.Module")
-            export(module, spec, ctx.sample(), dst, ctx.scratch)
+            try:
+                export(module, spec, ctx.sample(), dst, ctx.scratch)
+            except OptionError as exc:  # the declared inputs do not fit the module: bad input, at its key
+                raise RecipeError(self.loaded.file, f"model.{exc.key}", exc.message) from None
 
         return self._cached("source", None, "export", options, key, build)
 

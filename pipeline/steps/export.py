@@ -13,7 +13,7 @@ import onnx
 import torch
 
 from pipeline import onnx_io
-from pipeline.errors import StepFailed, first_line
+from pipeline.errors import OptionError, StepFailed, first_line
 from pipeline.recipe import ModelSpec
 from validators.fidelity import compare
 
@@ -37,6 +37,13 @@ def export(module: torch.nn.Module, spec: ModelSpec, sample: Batch, dst: Path, s
     raw = scratch / "exported.onnx"
     opts = spec.export
     logs = io.StringIO()
+    try:  # the module itself first: if it cannot take the declared inputs, no exporter setting will help
+        with torch.no_grad():
+            module(*args)
+    except Exception as exc:
+        shown = ", ".join(f"{i.name} {i.dtype} {list(feed[i.name].shape)}" for i in spec.inputs)
+        raise OptionError("inputs", f"the model does not run on a batch of the declared inputs ({shown}): "
+                                    f"{first_line(exc)}; declare the dtypes and shapes its forward() takes") from None
     try:
         with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(logs), _quiet_torch_logs():
             warnings.simplefilter("ignore")

@@ -232,3 +232,15 @@ def test_per_channel_static_int8_upgrades_an_opset_11_model(tmp_path):
     model = onnx.load(str(tmp_path / "out" / "int8" / "model.onnx"))
     assert {o.version for o in model.opset_import if o.domain in ("", "ai.onnx")} == {13}
     assert "DequantizeLinear" in {n.op_type for n in model.graph.node}
+
+
+def test_a_dtype_the_module_cannot_take_names_the_inputs_not_the_exporter(factory_recipe):
+    """Token ids declared float32 for an embedding: the module itself fails, so the advice is about
+    model.inputs, not about switching exporters, and carries no terminal colour codes."""
+    (factory_recipe.parent / "digits_model.py").write_text(
+        "import torch\n\nclass Ids(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.embed = torch.nn.Embedding(17, 10)\n\n    def forward(self, pixels):\n"
+        "        return self.embed(pixels).mean(dim=(1, 2, 3))\n\ndef build():\n    return Ids()\n")
+    line = _bad(_temper("check", factory_recipe), factory_recipe, "model.inputs",
+                "does not run on a batch of the declared inputs", "pixels float32")
+    assert "dynamo" not in line and "\x1b[" not in line

@@ -19,8 +19,13 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric,
-                                            UnknownMetricFamily)
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    UnknownMetricFamily,
+)
 from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:

@@ -1,9 +1,9 @@
 """The serving runtime: one ONNX Runtime session behind a dynamic batcher.
 
-Shipped inside MLflow models (code_paths), so it imports only artifacts.bundle and artifacts.host,
+Shipped inside MLflow models (code_paths), so it imports only artifacts/ modules,
 never pipeline/, calibration/ or validators/.
 
-Batching rule (DESIGN.md "Serving: what was measured"): when the engine becomes free it
+Batching rule (measured with benchmarks/serving.py): when the engine becomes free it
 takes what is already queued, up to max_batch_size rows. It waits for more (until
 max_delay_ms after the batch's first request arrived) only while the batch holds fewer
 requests than the previous batch did, i.e. only when recent traffic showed concurrent

@@ -1,7 +1,7 @@
 """`temper serve`: the Open Inference Protocol (KServe v2) REST API for one serving bundle.
 
 A bare ASGI app run by uvicorn (httptools + uvloop), not a web framework: on a small model the
-HTTP stack is most of a request's cost (DESIGN.md, "Serving: what was measured"), so routing is a
+HTTP stack is most of a request's cost (benchmarks/serving.py measured it), so routing is a
 few string compares, responses are pre-encoded where they can be, and the access log is off.
 Clients that care about speed send and receive tensors with Triton's binary tensor data
 extension, which keeps JSON down to a short header; plain JSON works for everyone else. Batching,
@@ -416,7 +416,7 @@ class InferenceServer:
         else:
             try:
                 results = await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_s)
-            except asyncio.TimeoutError:  # wait_for cancelled the future: a still-queued request is dropped
+            except TimeoutError:  # wait_for cancelled the future: a still-queued request is dropped
                 raise RequestTimeout(f"not answered within {self.timeout_s}s") from None
         try:
             if sum(results[name].size for name, binary in wanted if not binary) > INLINE_OUTPUT_ELEMENTS:

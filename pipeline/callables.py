@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import importlib.util
+import io
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path

@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -30,10 +30,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Recipes in, 
 out = Console()
 err = Console(stderr=True)
 DEBUG = {"on": False}
-COMMAND: dict[str, Optional[str]] = {"name": None}  # the subcommand running, for the line an interruption prints
+COMMAND: dict[str, str | None] = {"name": None}  # the subcommand running, for the line an interruption prints
 
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
-CacheOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="step cache (default: $TEMPER_CACHE_DIR or ~/.cache/temper)")]
+CacheOpt = Annotated[Path | None, typer.Option("--cache-dir", help="step cache (default: $TEMPER_CACHE_DIR or ~/.cache/temper)")]
 
 
 def _show_version(value: bool) -> None:
@@ -85,14 +85,14 @@ class _Display:
         self.progress.console.print(f"  [green]✓[/] {chain} › {record.step}  [dim]{note}[/]")
 
 
-TrackingOpt = Annotated[Optional[str], typer.Option("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")]
-RequireOpt = Annotated[Optional[list[str]], typer.Option("--require", help="exit 1 unless this candidate passed every gate (repeatable)")]
+TrackingOpt = Annotated[str | None, typer.Option("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")]
+RequireOpt = Annotated[list[str] | None, typer.Option("--require", help="exit 1 unless this candidate passed every gate (repeatable)")]
 
 
 @app.command()
 def run(
     recipe: RecipeArg,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="output folder (default: out/<recipe name>)")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="output folder (default: out/<recipe name>)")] = None,
     cache_dir: CacheOpt = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="rebuild every step (results still refresh the cache)")] = False,
     require: RequireOpt = None,
@@ -191,7 +191,7 @@ def pull(
 @app.command("validate")
 def validate_cmd(
     recipe: RecipeArg,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="folder an earlier `temper run` wrote (default: out/<recipe name>)")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="folder an earlier `temper run` wrote (default: out/<recipe name>)")] = None,
     cache_dir: CacheOpt = None,
     require: RequireOpt = None,
 ) -> None:
@@ -237,7 +237,7 @@ def sensitivity(
     recipe: RecipeArg,
     candidate: Annotated[str, typer.Option("--candidate", help="candidate with a static quantize step")],
     top: Annotated[int, typer.Option("--top", min=1, help="rows to print")] = 20,
-    samples: Annotated[Optional[int], typer.Option("--samples", min=1, help="calibration samples to measure on (default: the step's fallback.samples, else 64)")] = None,
+    samples: Annotated[int | None, typer.Option("--samples", min=1, help="calibration samples to measure on (default: the step's fallback.samples, else 64)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the whole ranking as JSON on stdout")] = False,
     cache_dir: CacheOpt = None,
 ) -> None:
@@ -281,13 +281,13 @@ def serve(
              "or models:/NAME@ALIAS or models:/NAME/VERSION", show_default=False)],
     host: Annotated[str, typer.Option("--host", help="address to bind; 0.0.0.0 exposes the server beyond this machine")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port")] = 8000,
-    max_body_mb: Annotated[Optional[float], typer.Option(
+    max_body_mb: Annotated[float | None, typer.Option(
         "--max-body-mb", help="refuse larger request bodies with HTTP 413 [default: a full batch of the model's "
                               "inputs as JSON, at least 1 MiB]")] = None,
-    max_connections: Annotated[Optional[int], typer.Option(
+    max_connections: Annotated[int | None, typer.Option(
         "--max-connections", min=1, help="open HTTP connections at most; one more closes the longest idle one "
                                          "[default: what the open-file limit leaves room for, at most 4096]")] = None,
-    grpc_port: Annotated[Optional[int], typer.Option("--grpc-port", min=1, max=65535, help="also serve KServe v2 gRPC on this port (needs the grpc extra)")] = None,
+    grpc_port: Annotated[int | None, typer.Option("--grpc-port", min=1, max=65535, help="also serve KServe v2 gRPC on this port (needs the grpc extra)")] = None,
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Serve a bundle over the Open Inference Protocol (KServe v2 REST, and gRPC with --grpc-port): dynamic batching,
@@ -471,7 +471,7 @@ def bench(
     provider: Annotated[str, typer.Option("--provider", help="cpu, cuda or tensorrt")] = "cpu",
     duration: Annotated[float, typer.Option("--duration", help="timed seconds per batch size")] = 3.0,
     warmup: Annotated[float, typer.Option("--warmup", help="warm-up seconds per batch size")] = 0.5,
-    dim: Annotated[Optional[list[str]], typer.Option("--dim", help="NAME=SIZE for a symbolic dim other than the batch dim (repeatable)")] = None,
+    dim: Annotated[list[str] | None, typer.Option("--dim", help="NAME=SIZE for a symbolic dim other than the batch dim (repeatable)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of measurements on stdout")] = False,
 ) -> None:
     """Measure samples/s and latency percentiles of one model at each batch size, on random inputs.

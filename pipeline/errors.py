@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes some libraries put in messages
 
 

@@ -7,8 +7,16 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt, StringConstraints, ValidationInfo,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    StringConstraints,
+    ValidationInfo,
+    model_validator,
+)
 
 from pipeline import presets
 

@@ -24,7 +24,7 @@ from pipeline.search import Search
 from validators import scoring
 from validators.evaluate import predict
 from validators.fidelity import OutputComparison, compare, fidelity_gates
-from validators.gates import Gate, Verdict, at_least, at_most, select
+from validators.gates import Gate, Verdict, at_most, select
 from validators.speedup import Speedup, estimate
 from validators.throughput import Measurement, batch_of, measure, session_for
 

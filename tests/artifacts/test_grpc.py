@@ -265,7 +265,8 @@ def test_async_client_at_concurrency_32(served: GrpcServed, reference: ort.Infer
     for round_ in range(5):
         done, results = threading.Semaphore(0), {}
 
-        def callback(index: int, result: tritongrpc.InferResult, error: InferenceServerException | None) -> None:
+        def callback(index: int, result: tritongrpc.InferResult, error: InferenceServerException | None,
+                     results: dict = results, done: threading.Semaphore = done) -> None:
             results[index] = error or result
             done.release()
 

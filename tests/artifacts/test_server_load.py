@@ -22,8 +22,19 @@ from onnx import TensorProto, helper, numpy_helper
 
 from artifacts import bundle
 from artifacts.runtime import Runtime
-from tests.artifacts.test_server import (MODEL, Client, Served, _bundle, _counter, _expected, _inputs, _json_request,
-                                         _metrics, _temper_serve, _tiny_model)
+from tests.artifacts.test_server import (
+    MODEL,
+    Client,
+    Served,
+    _bundle,
+    _counter,
+    _expected,
+    _inputs,
+    _json_request,
+    _metrics,
+    _temper_serve,
+    _tiny_model,
+)
 
 HALF_HEADERS = b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le"
 

@@ -13,7 +13,7 @@ import pytest
 
 from artifacts.host import profile
 from pipeline.steps import sensitivity
-from tests.conftest import REPO, RECIPES, edit_recipe
+from tests.conftest import RECIPES, REPO, edit_recipe
 
 SCHEMA = json.loads((REPO / "validators" / "report.schema.json").read_text())
 

@@ -10,12 +10,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import platformdirs
+from filelock import FileLock
+
 MODEL_FILE = "model.onnx"
 TUNING_FILE = "tuning.json"  # written beside a model by the quantize fallback: its trials and ranking
+META_FILE = "meta.json"
 
 
 def default_root() -> Path:
-    return Path(os.environ.get("TEMPER_CACHE_DIR") or Path.home() / ".cache" / "temper")
+    """$TEMPER_CACHE_DIR, else the platform's user cache folder (honours $XDG_CACHE_HOME on Linux)."""
+    return Path(os.environ.get("TEMPER_CACHE_DIR") or platformdirs.user_cache_path("temper", appauthor=False))
 
 
 def key_of(**parts: Any) -> str:
@@ -25,7 +30,11 @@ def key_of(**parts: Any) -> str:
 
 
 class StepCache:
-    """One folder per key holding `model.onnx` (+ external data) and `meta.json`; writes are atomic."""
+    """One folder per key holding `model.onnx` (+ external data) and `meta.json`.
+
+    Writes are atomic and serialised per key by a file lock beside the folder, so jobs sharing a
+    cache never see a half-written folder nor delete one another's stored result.
+    """
 
     def __init__(self, root: Path, enabled: bool = True) -> None:
         self.root, self.enabled = root, enabled
@@ -33,21 +42,53 @@ class StepCache:
     def _folder(self, key: str) -> Path:
         return self.root / key[:2] / key
 
-    def get(self, key: str) -> tuple[Path, dict[str, Any]] | None:
-        folder = self._folder(key)
-        if not self.enabled or not (folder / "meta.json").is_file():
-            return None
-        return folder / MODEL_FILE, json.loads((folder / "meta.json").read_text())
+    def lock(self, key: str) -> FileLock:
+        """The inter-process lock of `key`: reentrant, one instance per path in a process.
 
-    def put(self, key: str, produced: Path, meta: dict[str, Any]) -> Path:
-        """Move the folder holding `produced` (a model.onnx) into the store; return the stored model path."""
+        `put` takes it; a caller that checks, builds and stores (get, build, put) can hold it around
+        all three so that a second job waits for the first one's result instead of building it again.
+        """
         folder = self._folder(key)
         folder.parent.mkdir(parents=True, exist_ok=True)
-        (produced.parent / "meta.json").write_text(json.dumps(meta, indent=2))
-        staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".incoming-"))
-        shutil.rmtree(staging)
-        shutil.move(str(produced.parent), staging)
-        if folder.exists():  # an earlier, interrupted or disabled-cache run left one: replace it
-            shutil.rmtree(folder)
-        os.replace(staging, folder)
+        return FileLock(folder.parent / f"{key}.lock", is_singleton=True)
+
+    def get(self, key: str) -> tuple[Path, dict[str, Any]] | None:
+        folder = self._folder(key)
+        if not self.enabled:
+            return None
+        try:
+            meta = json.loads((folder / META_FILE).read_text())
+        except (FileNotFoundError, NotADirectoryError):  # never stored, or a --no-cache job is swapping it now
+            return None
+        return folder / MODEL_FILE, meta
+
+    def put(self, key: str, produced: Path, meta: dict[str, Any]) -> Path:
+        """Move the folder holding `produced` (a model.onnx) into the store; return the stored model path.
+
+        If another job stored the key while this one built it, its result is kept (same key, same
+        content) and `produced` is discarded: replacing it could pull files from under that job.
+        A disabled cache (--no-cache) always replaces, by swapping whole folders, never in place.
+        """
+        folder = self._folder(key)
+        (produced.parent / META_FILE).write_text(json.dumps(meta, indent=2))
+        with self.lock(key):
+            if self.enabled and (folder / META_FILE).is_file():
+                shutil.rmtree(produced.parent, ignore_errors=True)
+                return folder / MODEL_FILE
+            staging = _unused_name(folder.parent, ".incoming-")
+            shutil.move(str(produced.parent), staging)
+            outgoing = None
+            if folder.exists():  # an interrupted run's leftover, or a refresh: set it aside in one rename
+                outgoing = _unused_name(folder.parent, ".outgoing-")
+                os.replace(folder, outgoing)
+            os.replace(staging, folder)
+            if outgoing is not None:
+                shutil.rmtree(outgoing, ignore_errors=True)
         return folder / MODEL_FILE
+
+
+def _unused_name(parent: Path, prefix: str) -> Path:
+    """A fresh path in `parent` that nothing occupies, for a folder to be renamed or moved to."""
+    path = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    path.rmdir()
+    return path

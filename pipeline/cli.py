@@ -33,7 +33,7 @@ DEBUG = {"on": False}
 COMMAND: dict[str, str | None] = {"name": None}  # the subcommand running, for the line an interruption prints
 
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
-CacheOpt = Annotated[Path | None, typer.Option("--cache-dir", help="step cache (default: $TEMPER_CACHE_DIR or ~/.cache/temper)")]
+CacheOpt = Annotated[Path | None, typer.Option("--cache-dir", help="step cache (default: $TEMPER_CACHE_DIR, else the user cache folder, e.g. ~/.cache/temper)")]
 
 
 def _show_version(value: bool) -> None:

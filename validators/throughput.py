@@ -6,6 +6,7 @@ are built (and on a GPU, copied to it) once before the timed loop, so the loop t
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -26,7 +27,6 @@ _INSTALL = {
     "cuda": "install onnxruntime-gpu on a machine with an NVIDIA GPU",
     "tensorrt": "install onnxruntime-gpu and TensorRT on a machine with an NVIDIA GPU",
 }
-_PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
 _PERCENTILES = (50, 90, 95, 99)
 
 
@@ -158,7 +158,7 @@ def measure(
     """Warm up for `warmup_s` (at least one call), then time calls until `duration_s` has elapsed.
 
     `session` lets a caller that measures the same model repeatedly (interleaved slices) create
-    it once. RSS is read during warm-up and after the timed loop, never inside it: reading /proc
+    it once. RSS is read during warm-up and after the timed loop, never inside it: reading it
     is a syscall the loop would otherwise time. ORT's arenas keep what a call allocated, so
     steady state is what the reads see.
     """
@@ -215,6 +215,11 @@ def _bound_call(session: ort.InferenceSession, feed: dict[str, np.ndarray], devi
 
 
 def _rss_mb() -> float:
-    """Resident set size of this whole process, from /proc/self/statm (Linux)."""
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * _PAGE_MB
+    """Resident set size of this whole process in MiB, through psutil so it works beyond Linux's /proc."""
+    return _process(os.getpid()).memory_info().rss / 2**20
+
+
+@functools.cache
+def _process(pid: int) -> psutil.Process:
+    """psutil's handle on `pid`, made once: keyed by PID so a forked child never reads its parent."""
+    return psutil.Process(pid)

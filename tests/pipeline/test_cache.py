@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from pipeline.cache import StepCache, key_of
+import platformdirs
+
+from pipeline.cache import StepCache, default_root, key_of
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _produce(tmp_path: Path, payload: bytes) -> Path:
@@ -34,3 +42,83 @@ def test_disabled_cache_misses_but_still_refreshes(tmp_path):
     forced.put("cd" * 32, _produce(tmp_path, b"new"), {"seconds": 2})
     path, _ = StepCache(tmp_path / "c").get("cd" * 32)
     assert path.read_bytes() == b"new"
+
+
+def test_default_root_prefers_env_then_platform_user_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("TEMPER_CACHE_DIR", str(tmp_path / "mine"))
+    assert default_root() == tmp_path / "mine"
+    monkeypatch.delenv("TEMPER_CACHE_DIR")
+    assert default_root() == platformdirs.user_cache_path("temper", appauthor=False)
+    if sys.platform.startswith("linux"):
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        assert default_root() == tmp_path / "xdg" / "temper"
+        monkeypatch.delenv("XDG_CACHE_HOME")
+        assert default_root() == Path.home() / ".cache" / "temper"
+
+
+def test_put_keeps_a_result_another_job_stored_first(tmp_path):
+    first = StepCache(tmp_path / "c").put("ef" * 32, _produce(tmp_path, b"first"), {"seconds": 1})
+    produced = _produce(tmp_path, b"second")
+    again = StepCache(tmp_path / "c").put("ef" * 32, produced, {"seconds": 2})
+    assert again == first and first.read_bytes() == b"first" and not produced.parent.exists()
+    assert StepCache(tmp_path / "c").get("ef" * 32)[1]["seconds"] == 1
+
+
+def test_lock_is_reentrant_around_put(tmp_path):
+    cache = StepCache(tmp_path / "c")
+    with cache.lock("12" * 32):  # a caller holding it across get/build/put must not deadlock in put
+        assert cache.get("12" * 32) is None
+        cache.put("12" * 32, _produce(tmp_path, b"x"), {"seconds": 0})
+    assert cache.get("12" * 32) is not None
+
+
+_HAMMER = """
+import os, random, shutil, sys, time
+from pathlib import Path
+from pipeline.cache import StepCache
+
+def slowed(real):  # widen every window between a check and the file operation that acts on it
+    def call(*args, **kwargs):
+        time.sleep(random.uniform(0, 0.004))
+        return real(*args, **kwargs)
+    return call
+
+os.replace, shutil.rmtree, shutil.move = slowed(os.replace), slowed(shutil.rmtree), slowed(shutil.move)
+root, scratch, writer, rounds, key = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+(scratch / f"ready-{writer}").touch()
+while not (scratch / "go").exists():
+    time.sleep(0.001)
+for i in range(rounds):
+    tag = f"{writer}:{i}".encode()
+    out = scratch / f"{writer}-{i}"
+    out.mkdir()
+    (out / "model.onnx").write_bytes(tag * 4096)
+    (out / "model.onnx.data").write_bytes(tag * 16384)  # external data: a folder of several files
+    cache = StepCache(root, enabled=i % 2 == 1)  # even rounds refresh (--no-cache), odd ones keep a stored result
+    cache.put(key, out / "model.onnx", {"writer": writer, "round": i})
+    with cache.lock(key):
+        path, meta = StepCache(root).get(key)
+        want = f"{meta['writer']}:{meta['round']}".encode()
+        assert path.read_bytes() == want * 4096 and (path.parent / "model.onnx.data").read_bytes() == want * 16384
+"""
+
+
+def test_two_processes_putting_one_key_never_corrupt_it(tmp_path):
+    """Two real processes race put/get on one key: both finish cleanly and the stored folder is one writer's."""
+    root, scratch, key = tmp_path / "c", tmp_path / "scratch", "5a" * 32
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, "-c", _HAMMER, str(root), str(scratch), name, "25", key],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO) for name in ("a", "b")]
+    deadline = time.monotonic() + 60
+    while not all((scratch / f"ready-{n}").exists() for n in ("a", "b")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (scratch / "go").touch()
+    errors = [p.communicate(timeout=120)[1].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+
+    path, meta = StepCache(root).get(key)
+    tag = f"{meta['writer']}:{meta['round']}".encode()
+    assert path.read_bytes() == tag * 4096 and (path.parent / "model.onnx.data").read_bytes() == tag * 16384
+    assert sorted(p.name for p in path.parent.iterdir()) == ["meta.json", "model.onnx", "model.onnx.data"]
+    assert not [p for p in path.parent.parent.iterdir() if p.name.startswith((".incoming-", ".outgoing-"))]

@@ -8,8 +8,10 @@ STAMP  := $(VENV)/.installed-stamp
 run: $(STAMP)
 	$(VENV)/bin/temper run recipes/digits-cnn.yaml
 
-# The whole suite, slow MiniLM tests included (about 15 minutes on 2 cores); plain `pytest` skips those.
+# Lint (ruff, configured in pyproject.toml), then the whole suite, slow MiniLM tests included
+# (about 20 minutes on 2 cores); plain `pytest` skips those.
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest -m "slow or not slow"
 
 $(STAMP): pyproject.toml

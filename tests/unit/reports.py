@@ -1,0 +1,62 @@
+"""A hand-built report.json that the schema accepts, for the tests of what is made from one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "validators" / "report.schema.json").read_text())
+
+INCONCLUSIVE = ("inconclusive: noise; speedup at batch 8 on cpu 1.10x [0.90, 1.30] (95%, 6 rounds, 30 s budget) "
+                "straddles 1.2; counted as a failure (validate.throughput.inconclusive)")
+REASON = "no candidate passed every gate: int8 missed throughput.cpu.b8, fp16 missed accuracy"
+
+
+def measurement(samples_per_s: float, **extra: Any) -> dict[str, Any]:
+    """A batch-8 CPU throughput entry; a candidate's adds `speedup` and `speedup_interval`."""
+    return {"provider": "cpu", "batch_size": 8, "runs": 100, "samples": 800, "seconds": 2.0,
+            "samples_per_s": samples_per_s, "latency_ms": {"p50": 1.25, "p90": 1.5, "p95": 1.6, "p99": 2.125},
+            "peak_rss_mb": 300.0, "gpu_mem_mb": None, "rounds": 6, "spread_pct": 4.5,
+            "load": {"load_1m": 1.5, "steal_pct": 0.0, "busy_pct": 55.0}, **extra}
+
+
+def gate(name: str, passed: bool, detail: str, verdict: str = "", interval: list[float] | None = None,
+         measured: float | None = 1.0, budget: float | None = 1.0) -> dict[str, Any]:
+    """One gate as report.json holds it (validators.gates.Gate.as_dict)."""
+    return {"name": name, "passed": passed, "measured": measured, "budget": budget, "detail": detail,
+            "verdict": verdict or ("pass" if passed else "fail"), "interval": interval}
+
+
+def sample_report() -> dict[str, Any]:
+    """Two candidates, neither passing: int8's speed gate is inconclusive, fp16 misses accuracy."""
+    fidelity = {"name": "logits", "max_abs": 0.0123456, "mean_abs": 0.001, "p99_abs": 0.01, "max_rel": 0.05,
+                "cosine": 0.9999, "nonfinite": 0}
+    report = {
+        "schema_version": 2, "recipe": "toy", "metric": "top1",
+        "baseline": {"metric": 0.95, "throughput": [measurement(4000.0)]},
+        "allowed_drop": 0.02,
+        "candidates": {
+            "int8": {"passed": False, "bytes": 12 * 1024, "metric": 0.94, "drop": 0.01, "precision": "int8-static",
+                     "gates": [gate("accuracy", True, "top1 drop 0.01 <= 0.02"),
+                               gate("throughput.cpu.b8", False, INCONCLUSIVE, "inconclusive", [0.9, 1.3], 1.1, 1.2)],
+                     "fidelity": [fidelity],
+                     "throughput": [measurement(4400.0, speedup=1.1, speedup_interval=[0.9, 1.3])],
+                     "tuning": None},
+            "fp16": {"passed": False, "bytes": 24 * 1024, "metric": 0.9, "drop": 0.05, "precision": "fp16",
+                     "gates": [gate("accuracy", False, "top1 drop 0.05 > 0.02")],
+                     "fidelity": [{**fidelity, "cosine": 0.98}], "throughput": [], "tuning": None},
+        },
+        "select": "fastest-passing", "selected": "baseline", "passed": False, "searches": {},
+        "host": {"cpu": "Test CPU 9000", "arch": "x86_64", "features": ["avx512_vnni", "avx2"], "features_known": True,
+                 "usable_cores": 2, "logical_cpus": 4, "memory_gib": 7.5, "onnxruntime": "1.32.0",
+                 "providers": ["CPUExecutionProvider"], "gpus": [{"name": "Test GPU", "compute_capability": "9.0"}]},
+        "target": {"target": "arm64", "preset": "arm64-int8", "reason": "the recipe's target"},
+        "speed_policy": {"min_speedup": 1.2, "gated_batch_sizes": [8], "confidence": 0.95, "max_duration_s": 30.0,
+                         "inconclusive": "fail"},
+        "selection_reason": REASON,
+    }
+    jsonschema.validate(report, SCHEMA)  # every test reads a report the CI contract allows
+    return report

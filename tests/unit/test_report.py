@@ -1,0 +1,111 @@
+"""validators.report: report.md and junit.xml from a hand-built report.json that the schema accepts."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import jsonschema
+import pytest
+
+from tests.unit.reports import INCONCLUSIVE, REASON, SCHEMA, gate, sample_report
+from validators.report import junit, markdown, speedup_text
+
+
+def test_baseline_selection_states_its_reason():
+    assert f"**no candidate passed** — selected `baseline`: {REASON}" in markdown(sample_report()).splitlines()
+
+
+def test_a_passing_report_names_its_selection():
+    report = sample_report()
+    report.update(passed=True, selected="int8", selection_reason=None)
+    report["candidates"]["int8"]["passed"] = True
+    jsonschema.validate(report, SCHEMA)
+    assert "**passed** — selected `int8`" in markdown(report).splitlines()
+
+
+def test_host_section_says_where_figures_were_measured():
+    lines = markdown(sample_report()).splitlines()
+    host = lines[lines.index("## Host"):]
+    assert "- CPU: Test CPU 9000 (x86_64); INT8/FP16 features: avx512_vnni, avx2" in host
+    assert "- cores used: 2 (of 4 logical CPUs); memory 7.5 GiB; GPU: Test GPU (compute capability 9.0)" in host
+    assert "- onnxruntime 1.32.0 with CPUExecutionProvider" in host
+    assert "- quantize `preset: auto` → `arm64-int8` for target `arm64`: the recipe's target" in host
+    assert any(line.startswith("- speed was measured on this host, not on the target") for line in host)
+
+
+def test_host_section_without_known_features_gpus_or_target():
+    report = sample_report()
+    report["host"].update(features=[], features_known=False, memory_gib=None, gpus=[])
+    report["target"] = None
+    jsonschema.validate(report, SCHEMA)
+    text = markdown(report)
+    assert "INT8/FP16 features: unknown (the OS lists none)" in text
+    assert "memory unknown; GPU: none" in text and "preset: auto" not in text
+
+
+def test_candidate_table_rows():
+    lines = markdown(sample_report()).splitlines()
+    assert "| baseline | — | — | 0.9500 | — | — |" in lines
+    assert "| int8 | FAIL | 12 KiB | 0.9400 | +0.0100 (max 0.0200) | throughput.cpu.b8 |" in lines
+    assert "| fp16 | FAIL | 24 KiB | 0.9000 | +0.0500 (max 0.0200) | accuracy |" in lines
+
+
+def test_inconclusive_speed_gate_shows_its_interval():
+    lines = markdown(sample_report()).splitlines()
+    assert f"- `int8` throughput.cpu.b8: {INCONCLUSIVE}" in lines
+    row = next(line for line in lines if line.startswith("| int8 | cpu | 8 |"))
+    assert "| 1.10x [0.90, 1.30] |" in row and "| 6 | 4.5% |" in row
+    baseline = next(line for line in lines if line.startswith("| baseline | cpu | 8 |"))
+    assert "| 4,000 | 1.00x |" in baseline and "| 1.5 / 0% / 55% |" in baseline
+
+
+def test_speedup_text_without_an_interval():
+    assert speedup_text({"speedup": 1.234, "speedup_interval": None}) == "1.23x"
+    assert speedup_text({"speedup": 1.234, "speedup_interval": [1.2, 1.3]}) == "1.23x [1.20, 1.30]"
+
+
+def test_fidelity_table_lists_every_candidate_and_output():
+    lines = markdown(sample_report()).splitlines()
+    start = lines.index("## Fidelity (per output, vs the baseline)")
+    assert lines[start + 2] == "| candidate | output | cosine | max abs | mean abs | p99 abs | NaN/Inf |"
+    assert lines[start + 4] == "| int8 | logits | 0.999900 | 0.01235 | 0.001 | 0.01 | 0 |"
+    assert lines[start + 5] == "| fp16 | logits | 0.980000 | 0.01235 | 0.001 | 0.01 | 0 |"
+
+
+def test_no_metric_and_no_throughput_leave_their_columns_and_sections_out():
+    report = copy.deepcopy(sample_report())
+    report.update(metric=None, allowed_drop=None)
+    report["baseline"] = {"metric": None, "throughput": []}
+    for c in report["candidates"].values():
+        c.update(metric=None, drop=None, throughput=[])
+    report["speed_policy"] = None
+    jsonschema.validate(report, SCHEMA)
+    text = markdown(report)
+    assert "| candidate | verdict | size | failed gates |" in text and "## Throughput" not in text
+
+
+@pytest.mark.parametrize("failed", [0, 1, 3])
+def test_junit_counts_failed_gates(failed):
+    report = sample_report()
+    gates = [gate(f"g{i}", i >= failed, f"detail {i}") for i in range(3)]
+    report["candidates"] = {"only": {**report["candidates"]["int8"], "gates": gates}}
+    jsonschema.validate(report, SCHEMA)
+    root = junit(report).getroot()
+    suite = root.find("testsuite")
+    assert root.get("tests") == suite.get("tests") == "3"
+    assert root.get("failures") == suite.get("failures") == str(failed)
+    assert suite.get("name") == "temper.toy"
+    assert len(suite.findall("testcase/failure")) == failed
+
+
+def test_junit_case_per_gate_with_the_failure_detail():
+    root = junit(sample_report()).getroot()
+    cases = root.findall("testsuite/testcase")
+    assert [(c.get("classname"), c.get("name")) for c in cases] == [
+        ("toy.int8", "accuracy"), ("toy.int8", "throughput.cpu.b8"), ("toy.fp16", "accuracy")]
+    assert root.get("failures") == "2"  # an inconclusive gate counted as a failure is one
+    failure = cases[1].find("failure")
+    assert failure.get("message") == INCONCLUSIVE and failure.get("type") == "gate"
+    assert json.loads(failure.text)["interval"] == [0.9, 1.3]
+    assert cases[0].find("failure") is None

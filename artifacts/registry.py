@@ -11,12 +11,16 @@ import contextlib
 import io
 import logging
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlflow
 from mlflow.tracking import MlflowClient
+
+from artifacts.bundle import CONFIG
 
 DEFAULT_DB = "mlflow.db"
 DEFAULT_ARTIFACTS = "mlartifacts"
@@ -136,7 +140,48 @@ def _value(value: Any) -> str:
     return text if len(text) <= PARAM_LIMIT else text[: PARAM_LIMIT - 3] + "..."
 
 
-def resolve_version(client: MlflowClient, uri: str) -> tuple[str, str]:
+class StoreUnreachable(ConnectionError):
+    """The MLflow store did not answer: an environment problem, not a wrong name."""
+
+
+class NoSuchModel(LookupError):
+    """The store answered, but holds no such name, alias or version, or no temper bundle in it."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    name: str
+    version: str
+    folder: Path
+    tags: dict[str, str]
+
+
+def fetch(uri: str, tracking: str | None, dest: Path) -> Fetched:
+    """The one way a registered model reaches this machine (`pull`, `serve`, `export-triton`): check the
+    store answers (StoreUnreachable), resolve models:/NAME@ALIAS or models:/NAME/VERSION and download its
+    serving bundle into `dest` (NoSuchModel for a malformed URI, an unknown name/alias/version, or a
+    version that holds no bundle)."""
+    client = connect(tracking)
+    try:
+        reachable(client)
+    except Exception as exc:  # refused, unknown host, timeout, a store file it cannot open
+        raise StoreUnreachable(f"the MLflow store {tracking_uri(tracking)} does not answer ({_first_line(exc)}): "
+                               "start it, or pass --tracking-uri") from exc
+    try:
+        name, version = _resolve_version(client, uri)
+        tags = dict(client.get_model_version(name, version).tags)
+        folder = _download_bundle(f"models:/{name}/{version}", dest)
+    except (ValueError, FileNotFoundError, mlflow.exceptions.MlflowException) as exc:
+        raise NoSuchModel(_first_line(exc)) from exc
+    return Fetched(name, version, folder, tags)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _resolve_version(client: MlflowClient, uri: str) -> tuple[str, str]:
     """(name, version) for models:/NAME@ALIAS or models:/NAME/VERSION."""
     if not uri.startswith("models:/"):
         raise ValueError(f"'{uri}' is not a models:/NAME@ALIAS or models:/NAME/VERSION URI")
@@ -149,13 +194,8 @@ def resolve_version(client: MlflowClient, uri: str) -> tuple[str, str]:
     return name, version
 
 
-def fetch_bundle(uri: str, dest: Path) -> Path:
+def _download_bundle(uri: str, dest: Path) -> Path:
     """Download a registered version and copy its serving bundle (model, runtime.json, report, manifest) to `dest`."""
-    import shutil
-    import tempfile
-
-    from artifacts.bundle import CONFIG
-
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp))
         found = next((p.parent for p in local.rglob(CONFIG)), None)

@@ -9,18 +9,21 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onnx.external_data_helper import _get_all_tensors
 
 from artifacts.folders import MARKER, claim, mark, replaceable, sweep
 from artifacts.host import profile
 from pipeline.cache import MODEL_FILE, TUNING_FILE, key_of
-from pipeline.errors import EnvironmentProblem, RecipeError, TemperError
+from pipeline.errors import EnvironmentProblem, RecipeError, TemperError, first_line
 from pipeline.loading import LoadedRecipe
 from pipeline.onnx_io import load_structure
 from pipeline.recipe import Recipe
 from pipeline.runner import ModelRecord, RunResult, library_versions
+
+if TYPE_CHECKING:
+    from artifacts.bundle import ServingConfig
 
 MANIFEST = "manifest.json"
 COMMITTED: list[Path] = []  # output folders this process put in place: what an interruption after them leaves
@@ -140,3 +143,33 @@ def manifest(loaded: LoadedRecipe, result: RunResult) -> dict[str, Any]:
         },
         "models": [r.as_dict() for r in records.values()],
     }
+
+
+def servable(path: Path) -> tuple[Path, ServingConfig | None]:
+    """The model folder `temper serve PATH` serves, and its config when it is not a published bundle.
+
+    PATH is a serving bundle (its runtime.json is the config: returns None), a run's output folder (its
+    selected model) or OUTPUT/CANDIDATE; an unpublished model gets the options publishing would give it.
+    Raises ValueError saying what PATH is not.
+    """
+    from artifacts.bundle import CONFIG, config_for
+
+    output = path if (path / MANIFEST).is_file() else path.parent
+    if (path / CONFIG).is_file():
+        return path, None
+    if not (path.is_dir() and (output / MANIFEST).is_file()):
+        raise ValueError(f"neither a serving bundle folder ({MODEL_FILE} + {CONFIG}), a run's output folder or a "
+                         "model in one, nor a models:/NAME@ALIAS or /NAME/VERSION URI")
+    report_file = output / "report.json"
+    try:
+        report = json.loads(report_file.read_text()) if report_file.is_file() else {}
+        if path == output:  # the run's selection: the baseline when no candidate passed
+            if "selected" not in report:
+                raise ValueError("report.json names no selected model; serve OUTPUT/CANDIDATE")
+            path = output / report["selected"]
+        recipe = json.loads((output / MANIFEST).read_text())["recipe"]["resolved"]
+        publish = recipe.get("publish") or {}
+        name = (publish.get("mlflow") or {}).get("registered_model") or recipe["name"]
+        return path, config_for(path / MODEL_FILE, name, measured_on=report.get("host"), **(publish.get("serving") or {}))
+    except Exception as exc:  # a failed candidate (no model), a damaged manifest or report
+        raise ValueError(f"cannot serve it from its run: {first_line(exc)}") from exc

@@ -87,6 +87,7 @@ class RunResult:
 class Observer(Protocol):
     def started(self, chain: str, step: str) -> None: ...
     def finished(self, chain: str, record: ModelRecord) -> None: ...
+    def note(self, text: str) -> None: ...  # what a longer phase (validation) is doing now
 
 
 class _Silent:
@@ -96,6 +97,9 @@ class _Silent:
         pass
 
     def finished(self, chain: str, record: ModelRecord) -> None:
+        pass
+
+    def note(self, text: str) -> None:
         pass
 
 
@@ -120,6 +124,13 @@ class Runner:
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Its scratch folder goes whatever happened: an error, an interruption or a normal end."""
+        self.close()
 
     # -- data -------------------------------------------------------------------------------------
     def _dataset(self, which: str) -> Dataset | None:

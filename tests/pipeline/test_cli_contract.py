@@ -277,3 +277,18 @@ def test_promote_names_the_argument_that_is_wrong(tracking_store: str) -> None:
         line = one_line(result)
         assert line.startswith(f"error: models:/{model}/{version}: {key}: "), line
     assert client.get_registered_model("tiny").aliases == {}
+
+
+@pytest.mark.parametrize("command", [["pull", "--dest", "bundle"], ["serve", "--port", "0"], ["export-triton", "--dest", "repo"]])
+def test_registry_commands_tell_an_unknown_model_from_a_store_that_does_not_answer(command, tmp_path):
+    """One resolver for every command: no such name/alias is bad input (2), an absent store the environment (3)."""
+    name, *options = command
+    unknown = temper(name, "models:/nobody@champion", *options, "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}",
+                     cwd=tmp_path)
+    assert unknown.returncode == 2, unknown.stderr
+    assert one_line(unknown).startswith("error: models:/nobody@champion: MODEL" if name != "pull" else
+                                        "error: models:/nobody@champion: URI")
+    absent = temper(name, "models:/nobody@champion", *options, "--tracking-uri", "http://127.0.0.1:1", cwd=tmp_path)
+    assert absent.returncode == 3, absent.stderr
+    assert "MLflow store http://127.0.0.1:1 does not answer" in one_line(absent)
+    assert not (tmp_path / "bundle").exists() and not (tmp_path / "repo").exists()

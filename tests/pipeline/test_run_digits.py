@@ -106,3 +106,21 @@ def test_check_validates_without_building_candidates(temper, digits, tmp_path):
     result = temper("check", digits)
     assert result.code == 0, result.stderr
     assert "ok" in result.stdout and "calibration: 16 full batches" in result.stdout
+
+
+def test_the_flow_runs_as_a_library_without_the_cli(digits, tmp_path):
+    """pipeline.flow is what `temper run` calls: a notebook or another tool gets the same folder and exit code."""
+    from pipeline import flow
+    from pipeline.cache import StepCache, default_root
+    from pipeline.errors import RecipeError
+    from pipeline.loading import load_recipe
+
+    loaded = load_recipe(digits)
+    outcome = flow.run(loaded, tmp_path / "lib", StepCache(default_root()), require=["fp16"])
+    assert outcome.exit_code == 0 and outcome.report is None and outcome.missed == []
+    assert outcome.folder == (tmp_path / "lib").resolve()
+    assert (outcome.folder / "fp16" / "model.onnx").is_file() and _manifest(outcome.folder)["candidates"]["fp16"]
+    assert [c.name for c in outcome.result.candidates] == ["fp16", "int8-static", "int8-dynamic"]
+    with pytest.raises(RecipeError, match="--require: no candidate named 'nope'"):
+        flow.run(loaded, tmp_path / "never", StepCache(default_root()), require=["nope"])
+    assert not (tmp_path / "never").exists()

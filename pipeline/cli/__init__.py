@@ -1,0 +1,106 @@
+"""The `temper` command line. Errors are one line and an exit code (2 bad input, 3 environment,
+1 a step or candidate failed); `--debug` shows the traceback instead.
+
+The commands live in modules by audience (`build`: recipes to gated models; `deploy`: published
+models to servers; `measure`: bench); each only parses and prints, the work is in `pipeline.flow` and below.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import signal
+import sys
+from typing import Annotated
+
+import typer
+from rich.text import Text
+from typer._click.exceptions import NoArgsIsHelpError  # typer bundles click: `click`'s own classes never match
+
+from pipeline.cli import build, deploy, measure  # noqa: F401  (each registers its commands on `app`)
+from pipeline.cli.common import COMMAND, DEBUG, app, err, shown
+from pipeline.errors import TemperError
+
+__all__ = ["app", "main"]
+
+
+def _show_version(value: bool) -> None:
+    """`temper --version`: the installed temper-ml distribution's version, before any command runs."""
+    if value:
+        print(f"temper {importlib.metadata.version('temper-ml')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    ctx: typer.Context,
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks and library warnings")] = False,
+    version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
+                                          callback=_show_version)] = False,
+) -> None:
+    DEBUG["on"] = debug
+    COMMAND["name"] = ctx.invoked_subcommand
+    # Exporters, quantizers and MLflow log and warn advice meant for their own developers; temper reports what
+    # matters. Without --debug warnings become log records below the root level: a library's own "once" or
+    # "always" filter cannot bring them back.
+    logging.captureWarnings(not debug)
+    logging.getLogger().setLevel(logging.DEBUG if debug else logging.ERROR)
+    # MLflow sets its loggers' levels when it is imported (lazily, after this) from this variable; the
+    # setLevel calls cover an MLflow imported already (the tests call main() in-process).
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "DEBUG" if debug else "ERROR")
+    for chatty in ("mlflow", "alembic"):
+        logging.getLogger(chatty).setLevel(logging.DEBUG if debug else logging.ERROR)
+
+
+class _Interrupted(BaseException):
+    """Ctrl-C or SIGTERM (a CI cancel). Not a KeyboardInterrupt: typer turns that into a silent exit 130
+    and user-code guards into a bad-input error; this one reaches main() through every finally block."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise _Interrupted(signum)
+
+
+def main() -> None:
+    """Run the CLI with temper's exit codes: usage errors and bad input 2, environment 3, interrupts 128 + signal."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # recipes load local models; never reach for a hub
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # temper shows its own progress
+    previous = {each: signal.signal(each, _interrupt) for each in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(each) is not signal.SIG_IGN}  # ignored by the parent (`nohup`, `cmd &`): stays so
+    try:
+        code = app(standalone_mode=False)  # returns the code of a typer.Exit raised by a command
+    except _Interrupted as exc:
+        from pipeline.outputs import COMMITTED
+
+        if COMMAND["name"] == "serve":  # how a server is stopped: it drained and shut down, a normal end
+            err.print("stopped")
+            sys.exit(0)
+        if COMMAND["name"] != "run":
+            err.print("interrupted")
+        elif COMMITTED:
+            err.print(Text(f"interrupted after writing {shown(COMMITTED[-1])}"), soft_wrap=True)
+        else:
+            err.print("interrupted: nothing was written to the output folder")
+        sys.exit(128 + exc.signum)
+    except TemperError as exc:
+        if DEBUG["on"]:
+            raise
+        err.print(Text.assemble(("error: ", "red"), str(exc)), soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except NoArgsIsHelpError as exc:  # bare `temper`: the help, as the usage error it is
+        exc.show()
+        sys.exit(2)
+    except typer.TyperException as exc:  # typer's own copy of click's errors: an unknown option, a bad value...
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+        err.print(Text.assemble(("error: ", "red"), " ".join(exc.format_message().split()) + hint), soft_wrap=True)
+        sys.exit(2)
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
+    sys.exit(code if isinstance(code, int) else 0)

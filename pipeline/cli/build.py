@@ -1,0 +1,192 @@
+"""Commands that build and gate models from a recipe: run, validate, check, sensitivity, schema.
+
+They parse, call `pipeline.flow` (or the check/ranking functions) and print; the decisions are there.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from artifacts.host import HostProfile
+from pipeline import flow
+from pipeline.cli.common import (
+    CacheOpt,
+    Display,
+    RecipeArg,
+    RequireOpt,
+    TrackingOpt,
+    app,
+    err,
+    out,
+    progress,
+    shown,
+    step_cache,
+)
+from pipeline.loading import load_recipe
+from pipeline.runner import Runner, RunResult
+
+
+@app.command()
+def run(
+    recipe: RecipeArg,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="output folder (default: out/<recipe name>)")] = None,
+    cache_dir: CacheOpt = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="rebuild every step (results still refresh the cache)")] = False,
+    require: RequireOpt = None,
+    tracking_uri: TrackingOpt = None,
+) -> None:
+    """Build the baseline and every candidate, validate them against the recipe's gates, write the output
+    folder, and publish the selected candidate when the recipe has a publish section and the gates hold."""
+    loaded = load_recipe(recipe)
+    flow.check_required(loaded, require)
+    begin = time.perf_counter()
+    with progress() as shown_progress:
+        outcome = flow.run(loaded, output or Path("out") / loaded.recipe.name, step_cache(cache_dir, not no_cache),
+                           require=require, tracking=tracking_uri, observer=Display(shown_progress))
+    assert outcome.result is not None
+    out.print(_summary(outcome.result))
+    for c in outcome.result.candidates:
+        if c.error:
+            err.print(Text.assemble(("error: ", "red"), f"candidate {c.name}: {c.error}"), soft_wrap=True)
+    seconds = time.perf_counter() - begin
+    if outcome.report is None:
+        out.print(f"wrote {shown(outcome.folder)} in {seconds:.1f}s (no validate section: nothing gated)")
+        raise typer.Exit(outcome.exit_code)
+    out.print(f"wrote {shown(outcome.folder)} in {seconds:.1f}s")
+    _print_gates(outcome)
+    done = flow.publish(loaded, outcome, tracking_uri)
+    if done is not None:
+        how = f"reused version {done.version} (same model and recipe)" if done.reused else f"registered version {done.version}"
+        what = (f"candidate {outcome.report['selected']}" if outcome.report["passed"]
+                else "the FP32 baseline: no candidate passed")
+        out.print(Text.assemble(("published: ", "green"), f"{done.uri} -> {done.name} {how} ({what})"), soft_wrap=True)
+    raise typer.Exit(outcome.exit_code)
+
+
+@app.command("validate")
+def validate_cmd(
+    recipe: RecipeArg,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="folder an earlier `temper run` wrote (default: out/<recipe name>)")] = None,
+    cache_dir: CacheOpt = None,
+    require: RequireOpt = None,
+) -> None:
+    """Re-run validation on an existing output folder (e.g. with new budgets) without rebuilding anything."""
+    loaded = load_recipe(recipe)
+    with progress() as shown_progress:
+        outcome = flow.revalidate(loaded, (output or Path("out") / loaded.recipe.name).resolve(), step_cache(cache_dir),
+                                  require=require, observer=Display(shown_progress))
+    _print_gates(outcome)
+    raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def check(recipe: RecipeArg, cache_dir: CacheOpt = None, tracking_uri: TrackingOpt = None) -> None:
+    """Validate the recipe and everything it refers to, without building candidates."""
+    from pipeline.check import check as run_check
+
+    with Runner(load_recipe(recipe), step_cache(cache_dir)) as runner:
+        for line in run_check(runner, tracking_uri):
+            out.print(Text.assemble(("  ✓ ", "green"), line))
+    out.print(f"{recipe}: ok")
+
+
+@app.command()
+def sensitivity(
+    recipe: RecipeArg,
+    candidate: Annotated[str, typer.Option("--candidate", help="candidate with a static quantize step")],
+    top: Annotated[int, typer.Option("--top", min=1, help="rows to print")] = 20,
+    samples: Annotated[int | None, typer.Option("--samples", min=1, help="calibration samples to measure on (default: the step's fallback.samples, else 64)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the whole ranking as JSON on stdout")] = False,
+    cache_dir: CacheOpt = None,
+) -> None:
+    """Rank a candidate's quantized nodes by how much INT8 hurts them (SQNR on calibration data), without tuning."""
+    from pipeline.ranking import rank_candidate
+
+    loaded = load_recipe(recipe)
+    with progress() as shown_progress, Runner(loaded, step_cache(cache_dir), Display(shown_progress)) as runner:
+        ranking = rank_candidate(runner, candidate, samples)
+        runner.observer.note("done")
+    if as_json:
+        print(json.dumps([r.as_dict() for r in ranking], indent=2))
+        return
+    table = Table(title=f"{candidate}: nodes by INT8 sensitivity (most harmful first)", title_justify="left")
+    for col, justify in (("rank", "right"), ("node", "left"), ("op", "left"), ("SQNR dB", "right"), ("output vs float dB", "right")):
+        table.add_column(col, justify=justify)
+    for index, r in enumerate(ranking[:top], 1):
+        table.add_row(str(index), r.node, r.op_type, f"{r.sqnr_db:.1f}", "-" if r.accumulated_db is None else f"{r.accumulated_db:.1f}")
+    table.caption = (f"{len(ranking)} quantized nodes; SQNR of the quantized tensors each touches (-200: NaN/Inf where "
+                     "the float model has numbers). Keep the top ones in float with exclude_nodes, or let fallback: do it.")
+    out.print(table)
+
+
+@app.command()
+def schema() -> None:
+    """Print the recipe JSON Schema (for editor completion and validation)."""
+    from pipeline.schema import recipe_schema
+
+    print(json.dumps(recipe_schema(), indent=2))
+
+
+def _print_gates(outcome: flow.Outcome) -> None:
+    """The gate table, any fallback that missed its budget, the selection and why, and each required miss."""
+    verdict = outcome.report
+    assert verdict is not None
+    out.print(_gate_table(verdict))
+    for name, c in verdict["candidates"].items():
+        tuning = c["tuning"]
+        if tuning and not tuning["met"]:
+            best = tuning["trials"][tuning["best"]]
+            err.print(Text.assemble(("fallback: ", "red"), f"{name} missed the budget after {len(tuning['trials'])} trials: "
+                                    f"best {tuning['metric']} drop {best['drop']:+.4f} (allowed {tuning['allowed_drop']:.4f}) "
+                                    f"with {len(best['float_nodes'])} nodes in float; that model is kept, every trial is in "
+                                    "report.md. Raise fallback.max_trials or the budget."), soft_wrap=True)
+    out.print(Text.assemble(("selected: ", "green"), verdict["selected"]))
+    if verdict["selection_reason"]:
+        out.print(verdict["selection_reason"], soft_wrap=True)
+    for name in outcome.missed:
+        err.print(Text.assemble(("gates failed: ", "red"), f"required candidate {name} did not pass"))
+
+
+def _gate_table(verdict: dict[str, Any]) -> Table:
+    from validators.report import speedup_text
+
+    table = Table(title="gates", title_justify="left")
+    metric = verdict["metric"]
+    for col in ("candidate", "verdict", metric or "metric", "drop", "speedup", "failed gates"):
+        table.add_column(col, no_wrap=col != "failed gates")
+    for name, c in verdict["candidates"].items():
+        largest = max(c["throughput"], key=lambda m: m["batch_size"]) if c["throughput"] else None
+        table.add_row(
+            name, "[green]pass[/]" if c["passed"] else "[red]FAIL[/]",
+            f"{c['metric']:.4f}" if c["metric"] is not None else "-",
+            f"{c['drop']:+.4f}" if c["drop"] is not None else "-",
+            Text(speedup_text(largest)) if largest else "-",
+            Text("\n".join(g["name"] for g in c["gates"] if not g["passed"]) or "-"),
+        )
+    if metric:
+        table.caption = (f"baseline {metric} {verdict['baseline']['metric']:.4f}, allowed drop "
+                         f"{verdict['allowed_drop']:.4f}; speedup at the largest batch size with its confidence interval; "
+                         f"measured on {HostProfile.model_validate(verdict['host']).summary()}; details in report.md")
+    return table
+
+
+def _summary(result: RunResult) -> Table:
+    table = Table(title="temper run", title_justify="left")
+    for col, justify in (("model", "left"), ("status", "left"), ("size", "right"), ("steps (time)", "left"), ("total", "right")):
+        table.add_column(col, justify=justify)
+    rows = [("baseline", result.baseline, None)]
+    rows += [(c.name, c.records, c.error) for c in result.candidates]
+    for name, records, error in rows:
+        steps = ", ".join(f"{r.step} {r.seconds:.1f}s{'*' if r.cached else ''}" for r in records)
+        size = f"{records[-1].bytes / 1024:,.0f} KiB" if records and not error else "-"
+        status = "[red]failed[/]" if error else "ok"
+        table.add_row(name, status, size, steps, f"{sum(r.seconds for r in records):.1f}s")
+    table.caption = "* cached: time of the original build"
+    return table

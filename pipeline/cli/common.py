@@ -1,0 +1,62 @@
+"""What every temper command shares: the typer app, the consoles, the common options, progress display."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from pipeline.cache import StepCache, default_root
+from pipeline.runner import ModelRecord
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Recipes in, optimized and gated ONNX models out.")
+out = Console()
+err = Console(stderr=True)
+DEBUG = {"on": False}
+COMMAND: dict[str, str | None] = {"name": None}  # the subcommand running, for the line an interruption prints
+
+RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
+CacheOpt = Annotated[Path | None, typer.Option("--cache-dir", help="step cache (default: $TEMPER_CACHE_DIR, else the user cache folder, e.g. ~/.cache/temper)")]
+TrackingOpt = Annotated[str | None, typer.Option("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")]
+RequireOpt = Annotated[list[str] | None, typer.Option("--require", help="exit 1 unless this candidate passed every gate (repeatable)")]
+
+
+def step_cache(folder: Path | None, enabled: bool = True) -> StepCache:
+    return StepCache(folder or default_root(), enabled=enabled)
+
+
+class Display:
+    """Observer that shows the running step (candidate, step, elapsed) and logs each finished one."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress, self.task = progress, None
+
+    def started(self, chain: str, step: str) -> None:
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.task = self.progress.add_task(f"{chain} › {step}", total=None)
+
+    def note(self, text: str) -> None:
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.task = self.progress.add_task(text, total=None)
+
+    def finished(self, chain: str, record: ModelRecord) -> None:
+        note = "cached" if record.cached else f"{record.seconds:.1f}s"
+        self.progress.console.print(f"  [green]✓[/] {chain} › {record.step}  [dim]{note}[/]")
+
+
+
+def progress() -> Progress:
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err, transient=True)
+
+
+def shown(path: Path) -> str:
+    """A path as the user would type it: relative to the working folder when it is inside it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,96 @@
+"""`temper bench`: one model's samples/s and latency at each batch size, on random inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from artifacts.host import profile
+from pipeline.cli.common import app, err, out
+from pipeline.errors import TemperError
+
+
+@app.command()
+def bench(
+    model: Annotated[Path, typer.Argument(help="ONNX model file", show_default=False)],
+    batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="comma-separated, e.g. 1,8,32")] = "1,8,32",
+    provider: Annotated[str, typer.Option("--provider", help="cpu, cuda or tensorrt")] = "cpu",
+    duration: Annotated[float, typer.Option("--duration", help="timed seconds per batch size")] = 3.0,
+    warmup: Annotated[float, typer.Option("--warmup", help="warm-up seconds per batch size")] = 0.5,
+    dim: Annotated[list[str] | None, typer.Option("--dim", help="NAME=SIZE for a symbolic dim other than the batch dim (repeatable)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of measurements on stdout")] = False,
+) -> None:
+    """Measure samples/s and latency percentiles of one model at each batch size, on random inputs.
+
+    Integer inputs get random values in [0, 100): benchmark token-id models on real data via `temper run`.
+    """
+    import onnx
+
+    from pipeline.errors import OptionError, RecipeError, first_line
+    from pipeline.onnx_io import load_structure
+    from validators.throughput import PROVIDERS, batch_of, fits_in_memory, measure, random_inputs
+
+    file = str(model)
+    try:
+        sizes = [int(s) for s in batch_sizes.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise RecipeError(file, "--batch-sizes", f"expected positive integers separated by commas, got '{batch_sizes}'")
+    if provider not in PROVIDERS:
+        raise RecipeError(file, "--provider", f"'{provider}' is not one of {', '.join(PROVIDERS)}")
+    if duration <= 0:
+        raise RecipeError(file, "--duration", f"must be more than 0 seconds, got {duration}")
+    if warmup < 0:
+        raise RecipeError(file, "--warmup", f"must be 0 seconds or more, got {warmup}")
+    given: dict[str, int] = {}
+    for item in dim or []:
+        name, _, value = item.partition("=")
+        if not name or not value.isdigit() or int(value) < 1:
+            raise RecipeError(file, "--dim", f"expected NAME=SIZE with SIZE a positive integer, got '{item}'")
+        given[name] = int(value)
+    if not model.is_file():
+        raise RecipeError(file, "MODEL", "file not found")
+    try:
+        onnx.checker.check_model(file)
+        structure = load_structure(model)
+    except Exception as exc:
+        raise RecipeError(file, "MODEL", f"not a valid ONNX model: {first_line(exc)}") from None
+    try:
+        one_row = random_inputs(structure, 1, given)
+        for size in sizes:  # a size that cannot fit is refused before anything is allocated for it
+            if (problem := fits_in_memory(one_row, size)) is not None:
+                raise RecipeError(file, "--batch-sizes", problem)
+        sample = random_inputs(structure, max(sizes), given)
+        for size in sizes:  # every size is checked before any time goes into measuring
+            batch_of(structure, sample, size)
+    except OptionError as exc:
+        raise RecipeError(file, exc.key, exc.message) from None
+    except ValueError as exc:
+        raise RecipeError(file, "--batch-sizes", str(exc)) from None
+
+    results = []
+    for size in sizes:
+        try:
+            with err.status(f"batch size {size} on {provider}"):
+                results.append(measure(model, sample, size, provider, duration, warmup))
+        except TemperError:
+            raise
+        except Exception as exc:  # onnxruntime's error classes share no base; --debug keeps the cause
+            raise RecipeError(file, "MODEL", f"onnxruntime cannot run it at batch size {size}: {first_line(exc)}") from exc
+    if as_json:
+        print(json.dumps([m.as_dict() for m in results], indent=2))
+        return
+    table = Table(title=f"temper bench: {model.name} on {provider}", title_justify="left")
+    for col in ("batch", "samples/s", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "peak RSS MB"):
+        table.add_column(col, justify="right")
+    for m in results:
+        quantiles = (f"{m.latency_ms[p]:.4g}" for p in ("p50", "p90", "p95", "p99"))
+        table.add_row(str(m.batch_size), f"{m.samples_per_s:,.1f}", *quantiles, f"{m.peak_rss_mb:,.0f}")
+    table.caption = f"peak RSS: the whole process, not the model alone; measured on {profile().summary()}"
+    out.print(table)
+

@@ -1,0 +1,110 @@
+"""A recipe's whole job as a library: build, validate, commit the output folder, publish.
+
+The CLI only parses arguments and prints what these return, so a notebook, a test or another
+tool gets the same verdict and exit code as `temper run` without going through the CLI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.cache import StepCache
+from pipeline.errors import RecipeError
+from pipeline.loading import LoadedRecipe
+from pipeline.runner import Observer, Runner, RunResult
+
+if TYPE_CHECKING:
+    from artifacts.registry import Published
+
+
+@dataclass
+class Outcome:
+    """What `temper run` (or `validate`) decided. `report` is report.json's content, None when the
+    recipe has no validate section (then nothing was gated)."""
+
+    folder: Path
+    report: dict[str, Any] | None
+    result: RunResult | None = None
+    missed: list[str] = field(default_factory=list)  # --require'd candidates that did not pass
+
+    @property
+    def exit_code(self) -> int:
+        """0 unless a required candidate did not pass; without gates, unless a candidate failed to build."""
+        if self.report is not None or self.result is None:
+            return 1 if self.missed else 0
+        built = {c.name for c in self.result.candidates if not c.error}
+        return 0 if built and not self.missed and len(built) == len(self.result.candidates) else 1
+
+
+def check_required(loaded: LoadedRecipe, names: list[str] | None) -> None:
+    """A required name is a candidate, or a searched candidate (then one of its trials must pass)."""
+    known = [*loaded.recipe.candidates, *loaded.searches]
+    for name in names or ():
+        if name not in known:
+            raise RecipeError(loaded.file, "--require", f"no candidate named '{name}'; candidates: {', '.join(known)}")
+
+
+def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[str] | None = None,
+        tracking: str | None = None, observer: Observer | None = None) -> Outcome:
+    """Build the baseline and every candidate, validate them and commit the output folder atomically.
+
+    Everything that needs no candidate (data, providers, metric fit, memory, the MLflow store when the
+    recipe publishes) is checked first, so a bad recipe fails in seconds, not after the builds.
+    """
+    from pipeline.gating import from_run, precheck, preflight
+    from pipeline.outputs import OutputFolder
+    from validators import report
+    from validators.validation import as_report, validate
+
+    check_required(loaded, require)
+    folder = OutputFolder(output)
+    try:
+        with Runner(loaded, cache, observer) as runner:
+            precheck(runner)  # data and providers, before even the baseline is built
+            preflight(runner, tracking)  # what the baseline alone can tell, before any candidate
+            result = runner.run()
+            verdict = None
+            if loaded.recipe.validation is not None:
+                verdict = as_report(validate(from_run(runner, result), runner.observer.note))
+        target = folder.commit(loaded, result, (lambda d: report.write(verdict, d)) if verdict else None)
+    finally:
+        folder.discard()
+    if verdict is None:
+        built = {c.name for c in result.candidates if not c.error}
+        return Outcome(target, None, result, [name for name in require or () if name not in built])
+    return Outcome(target, verdict, result, required_missed(verdict, require))
+
+
+def revalidate(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[str] | None = None,
+               observer: Observer | None = None) -> Outcome:
+    """Validate an existing output folder again (new budgets, another host) and rewrite its reports."""
+    from pipeline.gating import from_folder
+    from validators import report
+    from validators.validation import as_report, validate
+
+    if loaded.recipe.validation is None:
+        raise RecipeError(loaded.file, "validate", "this recipe has no validate section: nothing to check")
+    check_required(loaded, require)
+    with Runner(loaded, cache, observer) as runner:
+        verdict = as_report(validate(from_folder(runner, output), runner.observer.note))
+    report.write(verdict, output)
+    return Outcome(output, verdict, None, required_missed(verdict, require))
+
+
+def publish(loaded: LoadedRecipe, outcome: Outcome, tracking: str | None = None) -> Published | None:
+    """Publish a gated run when the recipe has a publish section: the selected model, or the baseline
+    when no candidate passed (the report says why)."""
+    if loaded.recipe.publish is None or outcome.report is None:
+        return None
+    from pipeline.publishing import publish_run
+
+    return publish_run(loaded, outcome.folder, outcome.report, tracking)
+
+
+def required_missed(report: dict[str, Any], require: list[str] | None) -> list[str]:
+    """The required candidates with no passing trial (a searched candidate passes when one trial does)."""
+    searches, candidates = report["searches"], report["candidates"]
+    return [name for name in require or ()
+            if not any(candidates[n]["passed"] for n in searches.get(name, {"trials": [name]})["trials"])]

@@ -4,6 +4,13 @@ log_bundle ships this package (artifacts/) as the model's code_paths and the bun
 its one artifact, so `mlflow.pyfunc.load_model("models:/<name>/<version>")` needs only the
 pinned pip requirements. predict always returns dict[str, np.ndarray] keyed by output name,
 one-output models included, matching the named-tensor signature.
+
+The signature names each input with its dtype and shape, and MLflow checks what predict and
+`mlflow models serve` receive against it before this code runs (README "Publishing and serving"
+lists the forms that pass): a dict of arrays of exactly those dtypes, one array for a
+one-input model, a DataFrame with one column per input whose cells are rows (flat lists, or
+arrays) when every dim but the batch is fixed; served, also `inputs` and `instances` JSON of
+nested lists, which MLflow casts to the signature's dtypes.
 """
 
 from __future__ import annotations
@@ -42,8 +49,10 @@ class TemperModel(mlflow.pyfunc.PythonModel):
     # and would replace the ServingConfig signature with it.
     def predict(self, context: mlflow.pyfunc.PythonModelContext, model_input, params: dict | None = None) -> dict[str, np.ndarray]:
         """Accepts a dict of arrays, one array (single-input models) or a DataFrame whose
-        columns are input names and whose cells are rows (lists or arrays)."""
-        return self.runtime.run_batch(as_inputs(model_input, self.runtime.config))
+        columns are input names and whose cells are rows (lists or arrays); arrays of another
+        numeric dtype are cast when their values fit (see conform)."""
+        config = self.runtime.config
+        return self.runtime.run_batch(conform(as_inputs(model_input, config), config))
 
 
 def as_inputs(model_input: object, config: ServingConfig) -> dict[str, np.ndarray]:
@@ -65,6 +74,33 @@ def as_inputs(model_input: object, config: ServingConfig) -> dict[str, np.ndarra
             raise RequestError(f"this model has {len(config.inputs)} inputs; pass a dict or DataFrame keyed by {[s.name for s in config.inputs]}")
         return {config.inputs[0].name: model_input}
     raise RequestError(f"unsupported input type {type(model_input).__name__}: pass a dict of arrays, an array or a DataFrame")
+
+
+def conform(inputs: dict[str, np.ndarray], config: ServingConfig) -> dict[str, np.ndarray]:
+    """Arrays of another numeric dtype cast to the config's when every value fits: float64 to
+    float32 within float32's range, int32 to int64, int64 to int32 or uint8 within theirs.
+
+    Through MLflow only one case gets here with another dtype: a DataFrame whose cells are arrays,
+    which MLflow stacks without casting (it checks a dict's arrays against the signature, and casts
+    list cells), although its docs say a DataFrame's columns are cast to the signature's type. What
+    does not fit (1e300 for float32, a float for an int input) is left for the runtime to refuse."""
+    dtypes = {spec.name: np.dtype(spec.dtype) for spec in config.inputs}
+    return {
+        name: array.astype(dtypes[name]) if name in dtypes and _fits(array, dtypes[name]) else array
+        for name, array in inputs.items()
+    }
+
+
+def _fits(array: object, dtype: np.dtype) -> bool:
+    if not isinstance(array, np.ndarray) or array.dtype == dtype or array.size == 0:
+        return False
+    if dtype.kind == "f" and array.dtype.kind in "iuf":
+        finite = array[np.isfinite(array)] if array.dtype.kind == "f" else array
+        return finite.size == 0 or float(np.abs(finite).max()) <= float(np.finfo(dtype).max)
+    if dtype.kind in "iu" and array.dtype.kind in "iu":
+        limits = np.iinfo(dtype)
+        return int(array.min()) >= limits.min and int(array.max()) <= limits.max
+    return False
 
 
 def signature(config: ServingConfig) -> ModelSignature:

@@ -37,15 +37,11 @@ except (ImportError, RuntimeError) as exc:  # tritonclient reports a missing grp
         from exc
 
 from artifacts.bundle import TensorSpec
-from artifacts.runtime import Overloaded, RequestError, RequestTimeout, Runtime
+from artifacts.errors import Overloaded, RequestError, RequestTimeout
+from artifacts.protocol import DATATYPES, VERSION, WIRE
+from artifacts.runtime import Runtime
 
 log = logging.getLogger(__name__)
-# The protocol's names, as the REST server (artifacts/server.py) uses them; not imported from there so
-# that gRPC serving does not depend on the REST stack's packages.
-VERSION = "1"
-DATATYPES = {"float32": "FP32", "float16": "FP16", "int64": "INT64", "int32": "INT32", "int8": "INT8",
-             "uint8": "UINT8", "bool": "BOOL"}  # numpy dtype name -> KServe v2 datatype
-WIRE = {kserve: np.dtype(name).newbyteorder("<") for name, kserve in DATATYPES.items()}  # raw data is little-endian
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 Context = grpc.ServicerContext
 # KServe datatype -> the InferTensorContents field that carries it typed; FP16 only comes raw, as in Triton.

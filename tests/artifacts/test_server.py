@@ -31,8 +31,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from artifacts import bundle
 from artifacts.host import profile, usable_cores
+from artifacts.http_limits import JSON_BYTES_PER_ELEMENT, MAX_BODY_BYTES, MIN_BODY_BYTES, body_limit
 from artifacts.runtime import Runtime
-from artifacts.server import JSON_BYTES_PER_ELEMENT, MAX_BODY_BYTES, MIN_BODY_BYTES, InferenceServer, body_limit
+from artifacts.server import InferenceServer
 from tests.conftest import REPO
 
 MODEL = "tiny"

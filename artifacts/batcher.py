@@ -15,7 +15,8 @@ running is run on the caller's thread (submit(inline=True)), saving the two thre
 (batcher wake-up, answer back) that cost more than the run itself.
 
 Lifecycle: requests submitted before start() wait in the queue and are served once it runs;
-stop() fails those still queued. start() after stop() serves again.
+stop() fails those still queued, and every submit() after it, with Stopped, so that no caller
+waits on a queue nothing drains any more. start() after stop() serves again.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 
 from artifacts.bundle import ServingConfig
 from artifacts.counters import Counters
-from artifacts.errors import Overloaded, RequestError, RequestTimeout
+from artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 
 log = logging.getLogger("temper.serving")
 
@@ -76,6 +77,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._running = False
+        self._stopped = False  # stop() ran and start() did not follow: submit() refuses; guarded by _cond
         self._busy = False  # a batch or an inline run is executing; guarded by _cond
         self._last_batch_requests = 0
 
@@ -91,14 +93,16 @@ class Batcher:
 
     def start(self, name: str) -> None:
         """Start the batching thread, named after the model, which serves what is queued already."""
-        self._running = True
+        with self._cond:
+            self._running, self._stopped = True, False
         self._thread = threading.Thread(target=self._serve, name=f"temper-batcher-{name}", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the batching thread; requests still queued fail instead of hanging."""
+        """Stop the batching thread; requests still queued, and later submits, fail with Stopped."""
         with self._cond:
             self._running = False
+            self._stopped = True
             pending = list(self._queue)
             self._queue.clear()
             self._cond.notify_all()
@@ -107,17 +111,20 @@ class Batcher:
             self._thread = None
         for request in pending:
             if request.future.set_running_or_notify_cancel():
-                request.future.set_exception(RuntimeError("runtime stopped"))
+                request.future.set_exception(Stopped("runtime stopped"))
         now = time.perf_counter_ns()
         self.counters.record_failure(len(pending), sum(now - r.arrived_ns for r in pending))
 
     def submit(self, inputs: Arrays, rows: int, inline: bool) -> concurrent.futures.Future:
-        """Queue a validated request of `rows` rows (Overloaded when full);
+        """Queue a validated request of `rows` rows (Overloaded when full, Stopped once stopped);
         with `inline`, run it on this thread instead when nothing is queued or running."""
         length = pad_length(inputs, self.config.pad)
         key = tuple(inputs[name].shape[2 if name in self.config.pad else 1 :] for name in self._inputs)
         request = _Request(dict(inputs), rows, length, key, concurrent.futures.Future())
         with self._cond:
+            if self._stopped:
+                self.counters.record_failure()
+                raise Stopped("runtime stopped: it takes no more requests")
             run_here = inline and self._idle()
             if run_here:
                 self._busy = True

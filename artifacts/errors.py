@@ -17,3 +17,9 @@ class Overloaded(RuntimeError):
 
 class RequestTimeout(TimeoutError):
     """Not answered within config.timeout_s (HTTP 504, gRPC DEADLINE_EXCEEDED)."""
+
+
+class Stopped(RuntimeError):
+    """The runtime was stopped (HTTP 503, gRPC UNAVAILABLE): a request submitted afterwards, or
+    still queued when it stopped, fails with this at once instead of waiting for a batcher that
+    no longer runs."""

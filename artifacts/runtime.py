@@ -27,10 +27,10 @@ from artifacts import engines
 from artifacts.batcher import Batcher, pad_length
 from artifacts.bundle import MODEL, ServingConfig, read
 from artifacts.counters import Counters
-from artifacts.errors import Overloaded, RequestError, RequestTimeout
+from artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from artifacts.host import HostProfile, profile, usable_cores
 
-__all__ = ["INLINE_MAX_MS", "Overloaded", "RequestError", "RequestTimeout", "Runtime"]
+__all__ = ["INLINE_MAX_MS", "Overloaded", "RequestError", "RequestTimeout", "Runtime", "Stopped"]
 
 log = logging.getLogger("temper.serving")
 
@@ -125,7 +125,9 @@ class Runtime:
         return self._batcher.pending
 
     def stop(self) -> None:
-        """Stop the batching thread; requests still queued fail instead of hanging."""
+        """Stop the batching thread. Requests still queued fail with Stopped instead of hanging, and
+        so does every submit() until start() runs again: the servers may still be delivering
+        requests while they shut down, and those must get an answer (503, UNAVAILABLE) at once."""
         self._ready = False
         self._batcher.stop()
 
@@ -138,8 +140,8 @@ class Runtime:
     # -- requests ---------------------------------------------------------------------------
 
     def submit(self, inputs: dict[str, np.ndarray], inline: bool = False) -> concurrent.futures.Future:
-        """Validate now (RequestError), queue (Overloaded when full); the future gets this
-        request's own output rows.
+        """Validate now (RequestError), queue (Overloaded when full, Stopped after stop()); the
+        future gets this request's own output rows.
 
         With `inline`, a tiny model (self.inline) whose engine is idle runs the request on this
         thread and returns a finished future. Callers that know other requests are about to

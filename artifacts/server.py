@@ -26,7 +26,8 @@ Status codes, each with a body {"error": "<one line>"} and the server serving on
        inflating to more than that
   415  a Content-Encoding other than gzip, deflate or identity
   500  the engine itself failed, or an output JSON-encoded holds NaN or Inf
-  503  overloaded (queue full), not ready yet, or every connection busy at the connection limit
+  503  overloaded (queue full), not ready yet, stopped (shutting down), or every connection busy
+       at the connection limit
   504  accepted but not answered within the bundle's timeout_s
 """
 
@@ -41,7 +42,7 @@ from typing import Any
 
 import uvicorn
 
-from artifacts.errors import Overloaded, RequestError, RequestTimeout
+from artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from artifacts.http_limits import (
     BODY_TIMEOUT_S,
     HEADER_TIMEOUT_S,
@@ -140,7 +141,7 @@ class InferenceServer:
             return error_response(exc.status, str(exc))
         except RequestError as exc:
             return error_response(400, str(exc))
-        except Overloaded as exc:
+        except (Overloaded, Stopped) as exc:
             return error_response(503, str(exc))
         except RequestTimeout as exc:
             return error_response(504, str(exc))
@@ -209,7 +210,7 @@ class InferenceServer:
         except (HttpError, RequestError):
             self.failed += 1  # never reached the runtime, which counts everything after this
             raise
-        future = self.runtime.submit(inputs, inline=await self._alone())  # RequestError, Overloaded
+        future = self.runtime.submit(inputs, inline=await self._alone())  # RequestError, Overloaded, Stopped
         if future.done():  # ran inline: no hand-off back to the event loop to wait for
             results = future.result()
         else:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import platformdirs
 
 log = logging.getLogger("temper.serving")
 
@@ -28,8 +29,11 @@ Providers = list[str | tuple[str, dict[str, str]]]  # an InferenceSession provid
 
 
 def engine_cache() -> Path:
-    """Where TensorRT engines built on this host are kept ($TEMPER_ENGINE_CACHE, else ~/.cache/temper/engines)."""
-    return Path(os.environ.get("TEMPER_ENGINE_CACHE") or Path.home() / ".cache" / "temper" / "engines")
+    """Where TensorRT engines built on this host are kept: $TEMPER_ENGINE_CACHE, else `engines` in
+    the user cache folder platformdirs names (~/.cache/temper/engines on Linux, $XDG_CACHE_HOME
+    honoured), the same rule as the pipeline's step cache, so one setting moves both."""
+    override = os.environ.get("TEMPER_ENGINE_CACHE")
+    return Path(override) if override else platformdirs.user_cache_path("temper", appauthor=False) / "engines"
 
 
 def load(model: Path, providers: list[str] | None, threads: int, name: str) -> tuple[ort.InferenceSession, str]:

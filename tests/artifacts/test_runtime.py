@@ -4,6 +4,7 @@ back-pressure and request validation."""
 from __future__ import annotations
 
 import concurrent.futures
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from artifacts.bundle import config_for, write
+from artifacts.engines import engine_cache
 from artifacts.host import usable_cores
 from artifacts.runtime import (
     INLINE_MAX_MS,
@@ -379,6 +381,17 @@ def test_requests_queued_when_the_runtime_stops_fail_with_stopped(tmp_path: Path
     for future in queued:
         assert isinstance(future.exception(timeout=1), Stopped)
     assert runtime.metrics.snapshot()["request_failure"] == 3
+
+
+def test_the_engine_cache_is_in_the_user_cache_folder_unless_overridden(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same rule as the step cache (platformdirs), so XDG_CACHE_HOME moves both."""
+    monkeypatch.delenv("TEMPER_ENGINE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    if sys.platform.startswith("linux"):
+        assert engine_cache() == tmp_path / "xdg" / "temper" / "engines"
+    monkeypatch.setenv("TEMPER_ENGINE_CACHE", str(tmp_path / "engines"))
+    assert engine_cache() == tmp_path / "engines"
 
 
 IDS = np.ones((2, 5), np.int64)

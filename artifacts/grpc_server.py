@@ -14,7 +14,8 @@ Status codes, each with a one-line message; the server keeps serving afterwards:
   INVALID_ARGUMENT    unknown, missing or repeated input; wrong datatype; a shape the model does not
                       take; data not matching its shape; batch over max_batch_size; unknown output
   NOT_FOUND           unknown model or version
-  UNAVAILABLE         not ready yet (warming up) or stopping
+  UNAVAILABLE         not ready yet (warming up), or the Runtime stopped (`temper serve` shutting down
+                      stops it before this server), a request still queued then included
   RESOURCE_EXHAUSTED  queue full, too many RPCs in flight, message over the size limit
   DEADLINE_EXCEEDED   not answered within the bundle's timeout_s (or the client's deadline)
   INTERNAL            the engine itself failed
@@ -37,22 +38,18 @@ except (ImportError, RuntimeError) as exc:  # tritonclient reports a missing grp
         from exc
 
 from artifacts.bundle import TensorSpec
-from artifacts.runtime import Overloaded, RequestError, RequestTimeout, Runtime
+from artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
+from artifacts.protocol import DATATYPES, VERSION, WIRE
+from artifacts.runtime import Runtime
 
 log = logging.getLogger(__name__)
-# The protocol's names, as the REST server (artifacts/server.py) uses them; not imported from there so
-# that gRPC serving does not depend on the REST stack's packages.
-VERSION = "1"
-DATATYPES = {"float32": "FP32", "float16": "FP16", "int64": "INT64", "int32": "INT32", "int8": "INT8",
-             "uint8": "UINT8", "bool": "BOOL"}  # numpy dtype name -> KServe v2 datatype
-WIRE = {kserve: np.dtype(name).newbyteorder("<") for name, kserve in DATATYPES.items()}  # raw data is little-endian
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 Context = grpc.ServicerContext
 # KServe datatype -> the InferTensorContents field that carries it typed; FP16 only comes raw, as in Triton.
 CONTENTS = {"FP32": "fp32_contents", "INT64": "int64_contents", "INT32": "int_contents", "INT8": "int_contents",
             "UINT8": "uint_contents", "BOOL": "bool_contents"}
 STATUS = {RequestError: grpc.StatusCode.INVALID_ARGUMENT, Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
-          RequestTimeout: grpc.StatusCode.DEADLINE_EXCEEDED}
+          RequestTimeout: grpc.StatusCode.DEADLINE_EXCEEDED, Stopped: grpc.StatusCode.UNAVAILABLE}
 
 
 class Refused(Exception):
@@ -100,7 +97,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         except Refused as exc:
             self.runtime.metrics.record_failure()  # the Runtime counts only what reaches it
             code, message = exc.code, str(exc)
-        except (RequestError, Overloaded, RequestTimeout) as exc:  # already counted by the Runtime
+        except (RequestError, Overloaded, RequestTimeout, Stopped) as exc:  # already counted by the Runtime
             code, message = STATUS[type(exc)], str(exc)
         except Exception as exc:
             log.exception("inference failed")

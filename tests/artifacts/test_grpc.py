@@ -393,6 +393,38 @@ def test_queue_full_is_resource_exhausted_and_the_server_recovers(tmp_path: Path
         assert s.stub.ModelInfer(request).outputs[0].shape == [1, 1]
 
 
+def test_rpcs_queued_when_the_runtime_stops_are_unavailable(tmp_path: Path) -> None:
+    """`temper serve --grpc-port` stops the runtime (REST lifespan) before the gRPC server: RPCs still
+    queued then answer UNAVAILABLE at once, not INTERNAL, nor DEADLINE_EXCEEDED after timeout_s."""
+    folder = _bundle(tmp_path / "bundle", _slow_model(tmp_path / "slow.onnx"), "slow", max_batch_size=16)
+    request = pb.ModelInferRequest(model_name="slow")
+    request.inputs.add(name="x", datatype="FP32", shape=[16, 4])  # a whole batch each: one ~100 ms run per RPC
+    request.raw_input_contents.append(np.ones((16, 4), "<f4").tobytes())
+    runtime = Runtime(folder)
+    with GrpcServed(runtime) as s:
+
+        def one(_: int) -> grpc.StatusCode:
+            try:
+                s.stub.ModelInfer(request, timeout=60)
+                return grpc.StatusCode.OK
+            except grpc.RpcError as exc:
+                return exc.code()
+
+        with ThreadPoolExecutor(6) as pool:
+            calls = [pool.submit(one, i) for i in range(6)]
+            deadline = time.monotonic() + 30
+            while runtime.pending < 2:
+                assert time.monotonic() < deadline, "the RPCs never queued"
+                time.sleep(0.001)
+            runtime.stop()
+            codes = [call.result(timeout=30) for call in calls]
+        assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, codes
+        assert grpc.StatusCode.UNAVAILABLE in codes
+        with pytest.raises(grpc.RpcError) as late:
+            s.stub.ModelInfer(request, timeout=10)
+        assert late.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
 # -- the CLI -------------------------------------------------------------------------------------
 
 

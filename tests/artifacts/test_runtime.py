@@ -4,6 +4,7 @@ back-pressure and request validation."""
 from __future__ import annotations
 
 import concurrent.futures
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from artifacts.bundle import config_for, write
+from artifacts.engines import engine_cache
 from artifacts.host import usable_cores
 from artifacts.runtime import (
     INLINE_MAX_MS,
@@ -22,6 +24,7 @@ from artifacts.runtime import (
     RequestError,
     RequestTimeout,
     Runtime,
+    Stopped,
 )
 
 WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
@@ -338,6 +341,57 @@ def test_ready_only_after_start_and_stop_fails_queued_requests(tmp_path: Path) -
     assert runtime.ready
     runtime.stop()
     assert not runtime.ready
+
+
+def test_submit_after_stop_fails_at_once_and_start_serves_again(tmp_path: Path) -> None:
+    """The shutdown order of `temper serve`: the REST lifespan stops the runtime while the gRPC server
+    (or a late REST request) may still submit. Nothing drains the queue any more, so a submit must
+    fail there and then (Stopped: 503 / UNAVAILABLE), not wait out timeout_s or leave a thread behind."""
+    model = linear_model(tmp_path)
+    runtime = runtime_for(model, tmp_path, timeout_s=30)
+    x = np.ones((1, 4), np.float32)
+    queued = runtime.submit({"x": x})  # before start: waits in the queue
+    runtime.start()
+    assert runtime.inline and queued.result(timeout=10)["y"].shape == (1, 3)
+    runtime.stop()
+    began = time.perf_counter()
+    for inline in (False, True):  # the batcher's queue and the inline path alike
+        with pytest.raises(Stopped, match="stopped"):
+            runtime.submit({"x": x}, inline=inline)
+    with pytest.raises(Stopped):
+        runtime.infer({"x": x})
+    assert time.perf_counter() - began < 5  # at once, not after timeout_s
+    with pytest.raises(RequestError):  # a bad request is still a bad request
+        runtime.submit({"x": np.ones((1, 5), np.float32)})
+    assert not [t for t in threading.enumerate() if t.name.startswith("temper-batcher-")]
+    assert runtime.pending == 0 and not runtime.ready
+    metrics = runtime.metrics.snapshot()
+    assert (metrics["request_success"], metrics["request_failure"]) == (1, 4)
+    runtime.start()
+    try:
+        np.testing.assert_allclose(runtime.infer({"x": x})["y"], plain(model, {"x": x})["y"], rtol=1e-6)
+    finally:
+        runtime.stop()
+
+
+def test_requests_queued_when_the_runtime_stops_fail_with_stopped(tmp_path: Path) -> None:
+    runtime = runtime_for(linear_model(tmp_path), tmp_path)
+    queued = [runtime.submit({"x": np.full((1, 4), i, np.float32)}) for i in range(3)]  # not started: all wait
+    runtime.stop()
+    for future in queued:
+        assert isinstance(future.exception(timeout=1), Stopped)
+    assert runtime.metrics.snapshot()["request_failure"] == 3
+
+
+def test_the_engine_cache_is_in_the_user_cache_folder_unless_overridden(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same rule as the step cache (platformdirs), so XDG_CACHE_HOME moves both."""
+    monkeypatch.delenv("TEMPER_ENGINE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    if sys.platform.startswith("linux"):
+        assert engine_cache() == tmp_path / "xdg" / "temper" / "engines"
+    monkeypatch.setenv("TEMPER_ENGINE_CACHE", str(tmp_path / "engines"))
+    assert engine_cache() == tmp_path / "engines"
 
 
 IDS = np.ones((2, 5), np.int64)

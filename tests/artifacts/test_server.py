@@ -31,8 +31,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from artifacts import bundle
 from artifacts.host import profile, usable_cores
+from artifacts.http_limits import JSON_BYTES_PER_ELEMENT, MAX_BODY_BYTES, MIN_BODY_BYTES, body_limit
 from artifacts.runtime import Runtime
-from artifacts.server import JSON_BYTES_PER_ELEMENT, MAX_BODY_BYTES, MIN_BODY_BYTES, InferenceServer, body_limit
+from artifacts.server import InferenceServer
 from tests.conftest import REPO
 
 MODEL = "tiny"
@@ -680,6 +681,37 @@ def test_request_not_answered_in_time_is_504(slow_model: Path, tmp_path: Path) -
         status, _, body = c.infer(_slow_request(0, rows=16), model="slow")  # ~100 ms of compute here
         assert status == 504 and "not answered within" in json.loads(body)["error"]
         assert c.call("GET", "/v2/health/live")[0] == 200
+        c.close()
+
+
+def test_requests_queued_when_the_runtime_stops_are_503_and_the_server_answers_on(slow_model: Path,
+                                                                                  tmp_path: Path) -> None:
+    """The runtime stopped under queued requests (the lifespan stops it on shutdown): they answer 503
+    saying so at once, never 500, nor 504 after timeout_s; the server itself keeps answering."""
+    folder = _bundle(tmp_path / "bundle", slow_model, "slow", max_batch_size=16)
+    runtime = Runtime(folder)
+    with Served(runtime) as served:
+
+        def one(seed: int) -> tuple[int, bytes]:
+            c = Client(served.port)
+            status, _, body = c.infer(_slow_request(seed, rows=16), model="slow")  # one ~100 ms batch each
+            c.close()
+            return status, body
+
+        with ThreadPoolExecutor(6) as pool:
+            calls = [pool.submit(one, seed) for seed in range(6)]
+            deadline = time.monotonic() + 30
+            while runtime.pending < 2:
+                assert time.monotonic() < deadline, "the requests never queued"
+                time.sleep(0.001)
+            runtime.stop()
+            results = [call.result(timeout=30) for call in calls]
+        statuses = sorted(status for status, _ in results)
+        assert set(statuses) <= {200, 503} and 503 in statuses, statuses
+        assert any("stopped" in json.loads(body)["error"] for status, body in results if status == 503)
+        c = Client(served.port)
+        assert c.call("GET", "/v2/health/live")[0] == 200
+        assert c.call("GET", "/v2/health/ready")[0] == 503
         c.close()
 
 

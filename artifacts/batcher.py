@@ -1,0 +1,278 @@
+"""The dynamic batcher: a bounded queue of validated requests and one thread that runs them in batches.
+
+It knows nothing of the engine: the Runtime hands it a function that runs one batch of inputs,
+so batching can be read (and changed) without session or provider details in the way.
+
+Batching rule (measured with benchmarks/serving.py): when the engine becomes free it
+takes what is already queued, up to max_batch_size rows. It waits for more (until
+max_delay_ms after the batch's first request arrived) only while the batch holds fewer
+requests than the previous batch did, i.e. only when recent traffic showed concurrent
+clients. A lone sequential client therefore never pays the delay, and 2 closed-loop
+clients are not held back waiting for a 16-row batch that will never fill.
+
+Tiny models skip the batcher when it is idle: a request that finds nothing queued and nothing
+running is run on the caller's thread (submit(inline=True)), saving the two thread hand-offs
+(batcher wake-up, answer back) that cost more than the run itself.
+
+Lifecycle: requests submitted before start() wait in the queue and are served once it runs;
+stop() fails those still queued, and every submit() after it, with Stopped, so that no caller
+waits on a queue nothing drains any more. start() after stop() serves again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from artifacts.bundle import ServingConfig
+from artifacts.counters import Counters
+from artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
+
+log = logging.getLogger("temper.serving")
+
+Arrays = dict[str, np.ndarray]
+
+
+@dataclass
+class _Request:
+    inputs: Arrays
+    rows: int
+    length: int | None  # axis-1 length of the padded inputs, None when the config pads nothing
+    key: tuple  # shapes that must match for requests to share a batch
+    future: concurrent.futures.Future
+    arrived_ns: int = field(default_factory=time.perf_counter_ns)
+
+
+def pad_length(inputs: Arrays, pad: dict[str, int | float]) -> int | None:
+    """The axis-1 length the `pad` inputs share (RequestError when they disagree), None without any."""
+    lengths = {inputs[name].shape[1] for name in pad}
+    if len(lengths) > 1:
+        raise RequestError(f"padded inputs {sorted(pad)} disagree on axis-1 length: {sorted(lengths)}")
+    return lengths.pop() if lengths else None
+
+
+class Batcher:
+    """Queues requests and runs them in batches on one thread, or inline when idle.
+
+    `run` executes one batch (named inputs to named outputs); it is called on one thread at a
+    time, the batcher's or an inline caller's, never two at once. `counters` receives every
+    execution, success and failure from the queue onwards.
+    """
+
+    def __init__(self, config: ServingConfig, max_rows: int, run: Callable[[Arrays], Arrays], counters: Counters) -> None:
+        self.config = config
+        self.max_rows = max_rows
+        self.counters = counters
+        self._run = run
+        self._inputs = [spec.name for spec in config.inputs]
+        self._dynamic_axis1 = {s.name for s in config.outputs if len(s.shape) > 1 and s.shape[1] == -1}
+        self._queue: deque[_Request] = deque()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._stopped = False  # stop() ran and start() did not follow: submit() refuses; guarded by _cond
+        self._busy = False  # a batch or an inline run is executing; guarded by _cond
+        self._last_batch_requests = 0
+
+    @property
+    def started(self) -> bool:
+        """Whether the batching thread runs (start() called, stop() not since)."""
+        return self._thread is not None
+
+    @property
+    def pending(self) -> int:
+        """Requests queued and not yet taken into a batch (Triton's pending request count)."""
+        return len(self._queue)
+
+    def start(self, name: str) -> None:
+        """Start the batching thread, named after the model, which serves what is queued already."""
+        with self._cond:
+            self._running, self._stopped = True, False
+        self._thread = threading.Thread(target=self._serve, name=f"temper-batcher-{name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the batching thread; requests still queued, and later submits, fail with Stopped."""
+        with self._cond:
+            self._running = False
+            self._stopped = True
+            pending = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        for request in pending:
+            if request.future.set_running_or_notify_cancel():
+                request.future.set_exception(Stopped("runtime stopped"))
+        now = time.perf_counter_ns()
+        self.counters.record_failure(len(pending), sum(now - r.arrived_ns for r in pending))
+
+    def submit(self, inputs: Arrays, rows: int, inline: bool) -> concurrent.futures.Future:
+        """Queue a validated request of `rows` rows (Overloaded when full, Stopped once stopped);
+        with `inline`, run it on this thread instead when nothing is queued or running."""
+        length = pad_length(inputs, self.config.pad)
+        key = tuple(inputs[name].shape[2 if name in self.config.pad else 1 :] for name in self._inputs)
+        request = _Request(dict(inputs), rows, length, key, concurrent.futures.Future())
+        with self._cond:
+            if self._stopped:
+                self.counters.record_failure()
+                raise Stopped("runtime stopped: it takes no more requests")
+            run_here = inline and self._idle()
+            if run_here:
+                self._busy = True
+                self._last_batch_requests = 1
+            else:
+                if len(self._queue) >= self.config.max_queue:
+                    self.counters.record_failure()
+                    raise Overloaded(f"queue full ({self.config.max_queue} requests waiting)")
+                self._queue.append(request)
+                self._cond.notify()
+        if run_here:
+            self._run_inline(request)
+        return request.future
+
+    def _idle(self) -> bool:
+        """Whether a request may run inline: serving, nothing queued or running. Called with the lock held."""
+        return self._running and not self._busy and not self._queue
+
+    def _run_inline(self, request: _Request) -> None:
+        """Execute one request as a batch of one on this thread; _busy is already set."""
+        try:
+            self.counters.record_inline()
+            request.future.set_running_or_notify_cancel()
+            self._execute([request])
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """The engine is free again: wake the batcher for requests queued meanwhile."""
+        with self._cond:
+            self._busy = False
+            if self._queue:
+                self._cond.notify()
+
+    # -- batching thread --------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            if batch:
+                self._execute(batch)
+                self._release()
+
+    def _next_batch(self) -> list[_Request] | None:
+        """Block until work arrives and no inline run holds the engine; None once stopped. See
+        the module docstring for the rule. A non-empty batch marks the engine busy."""
+        with self._cond:
+            while self._running and (self._busy or not self._queue):
+                self._cond.wait()
+            if not self._running:
+                return None
+            batch: list[_Request] = []
+            self._take(batch)
+            if batch:
+                self._busy = True  # from now on, while it waits to fill: no request overtakes it
+                deadline = batch[0].arrived_ns + int(self.config.max_delay_ms * 1e6)
+                while (
+                    self._running
+                    and len(batch) < self._last_batch_requests
+                    and sum(r.rows for r in batch) < self.max_rows
+                    and (remaining := deadline - time.perf_counter_ns()) > 0
+                ):
+                    self._cond.wait(remaining / 1e9)
+                    self._take(batch)
+                self._last_batch_requests = len(batch)
+            return batch
+
+    def _take(self, batch: list[_Request]) -> None:
+        """Move queued requests that fit (rows, shapes) into `batch`, in arrival order,
+        dropping cancelled and expired ones. Called with the lock held."""
+        rows = sum(r.rows for r in batch)
+        now = time.perf_counter_ns()
+        expiry = now - int(self.config.timeout_s * 1e9)
+        kept: deque[_Request] = deque()
+        while self._queue:
+            request = self._queue.popleft()
+            if request.arrived_ns < expiry:
+                if request.future.set_running_or_notify_cancel():
+                    request.future.set_exception(RequestTimeout(f"not answered within {self.config.timeout_s}s"))
+                self.counters.record_failure(1, now - request.arrived_ns)
+            elif rows + request.rows > self.max_rows or (batch and request.key != batch[0].key):
+                kept.append(request)
+            elif request.future.set_running_or_notify_cancel():
+                batch.append(request)
+                rows += request.rows
+            else:
+                self.counters.record_failure(1, now - request.arrived_ns)  # cancelled by its caller (infer timed out)
+        self._queue = kept
+
+    def _execute(self, batch: list[_Request]) -> None:
+        """Run one batch and hand each request its own rows; a failure fails only this batch."""
+        started = time.perf_counter_ns()
+        try:
+            merged = self._merge(batch)
+            merged_ns = time.perf_counter_ns()
+            outputs = self._run(merged)
+            computed = time.perf_counter_ns()
+            results = self._split(batch, outputs)
+        except Exception as exc:
+            log.exception("%s: batch of %d requests failed", self.config.name, len(batch))
+            for request in batch:
+                request.future.set_exception(exc)
+            failed = time.perf_counter_ns()
+            self.counters.record_failure(len(batch), sum(failed - r.arrived_ns for r in batch))
+            return
+        done = time.perf_counter_ns()
+        queued = sum(started - r.arrived_ns for r in batch)
+        self.counters.record_execution(sum(r.rows for r in batch), len(batch), queued, computed - merged_ns,
+                                      merged_ns - started, done - computed)
+        for request, result in zip(batch, results):
+            request.future.set_result(result)
+            self.counters.record_success(done - request.arrived_ns)
+
+    def _merge(self, batch: list[_Request]) -> Arrays:
+        """Concatenate the batch's rows, padding config.pad inputs on axis 1 to the longest."""
+        if len(batch) == 1:
+            return batch[0].inputs
+        longest = max(r.length or 0 for r in batch)
+        merged = {}
+        for name in self._inputs:
+            parts = [r.inputs[name] for r in batch]
+            if name in self.config.pad:
+                value = self.config.pad[name]
+                parts = [_pad_axis1(p, longest, value) for p in parts]
+            merged[name] = np.concatenate(parts)
+        return merged
+
+    def _split(self, batch: list[_Request], outputs: Arrays) -> list[Arrays]:
+        """Each request's rows; padded-length outputs sliced back to the request's own length."""
+        total = sum(r.rows for r in batch)
+        for name, array in outputs.items():
+            if array.ndim == 0 or array.shape[0] != total:
+                raise RuntimeError(f"output {name!r} has shape {list(array.shape)}: not batch-major over {total} rows")
+        longest = max(r.length or 0 for r in batch)
+        results, offset = [], 0
+        for request in batch:
+            own = {}
+            for name, array in outputs.items():
+                part = array[offset : offset + request.rows]
+                if request.length is not None and name in self._dynamic_axis1 and array.shape[1] == longest:
+                    part = part[:, : request.length]
+                own[name] = part
+            results.append(own)
+            offset += request.rows
+        return results
+
+
+def _pad_axis1(array: np.ndarray, length: int, value: int | float) -> np.ndarray:
+    if array.shape[1] == length:
+        return array
+    widths = [(0, 0), (0, length - array.shape[1])] + [(0, 0)] * (array.ndim - 2)
+    return np.pad(array, widths, constant_values=value)

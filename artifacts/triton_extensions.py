@@ -1,0 +1,59 @@
+"""Triton's model configuration (`/v2/models/<name>/config`) and statistics (`/v2/models/<name>/stats`)
+extensions, as the JSON bodies the REST server answers with.
+
+They are documents built from the Runtime (its config, engine and counters), not request handling,
+so they live apart from the server; tritonclient's get_model_config and get_inference_statistics
+read them unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from artifacts.protocol import VERSION
+from artifacts.runtime import Runtime
+from artifacts.triton import _model_config
+
+PLATFORM = "onnxruntime_onnx"  # Triton's name for what runs the model
+
+
+def model_config(runtime: Runtime) -> dict[str, Any]:
+    """Triton's model configuration (the JSON form of its ModelConfig), as `temper export-triton`
+    writes it for this bundle, with the instance this server really runs."""
+    kind = "KIND_GPU" if runtime.engine in ("cuda", "tensorrt") else "KIND_CPU"
+    config = _model_config(runtime.config, PLATFORM, 1, kind)
+    del config["model_warmup"]  # a repository setting; this server has warmed up already
+    return {**config, "backend": "onnxruntime"}
+
+
+def statistics(runtime: Runtime, refused: int) -> dict[str, Any]:
+    """Triton's statistics extension for this model. Counts are requests, times are summed
+    per request (a request in a batch of 8 adds the whole batch's compute), as Triton does;
+    batch_stats count executions per batch size. fail adds the `refused` requests the server
+    turned away before they reached the runtime."""
+    m = runtime.metrics.snapshot()
+    executed = m["executed_requests"]
+
+    def duration(count: int, ns: int) -> dict[str, int]:
+        return {"count": count, "ns": ns}
+
+    model = {
+        "name": runtime.config.name, "version": VERSION, "last_inference": m["last_inference_ms"],
+        "inference_count": m["inference_count"], "execution_count": m["execution_count"],
+        "inference_stats": {
+            "success": duration(m["request_success"], m["success_ns"]),
+            "fail": duration(m["request_failure"] + refused, m["failure_ns"]),
+            "queue": duration(executed, m["queue_ns"]),
+            "compute_input": duration(executed, m["compute_input_ns"]),
+            "compute_infer": duration(executed, m["compute_ns"]),
+            "compute_output": duration(executed, m["compute_output_ns"]),
+            "cache_hit": duration(0, 0), "cache_miss": duration(0, 0),
+        },
+        "batch_stats": [
+            {"batch_size": rows, "compute_input": duration(count, input_ns),
+             "compute_infer": duration(count, infer_ns), "compute_output": duration(count, output_ns)}
+            for rows, (count, input_ns, infer_ns, output_ns) in m["batches"].items()
+        ],
+        "memory_usage": [],
+    }
+    return {"model_stats": [model]}

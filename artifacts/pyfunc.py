@@ -29,7 +29,7 @@ from mlflow.types import Schema, TensorSpec
 from artifacts.bundle import ServingConfig, read
 from artifacts.runtime import RequestError, Runtime
 
-REQUIREMENTS = ("onnxruntime", "numpy", "pandas", "mlflow", "onnx", "pydantic", "psutil")
+REQUIREMENTS = ("onnxruntime", "numpy", "pandas", "mlflow", "onnx", "pydantic", "psutil", "platformdirs")
 EXAMPLE_DYNAMIC_DIM = 8
 
 

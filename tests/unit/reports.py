@@ -8,7 +8,8 @@ from typing import Any
 
 import jsonschema
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "validators" / "report.schema.json").read_text())
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "validators" / "report.schema.json"
+SCHEMA = json.loads(SCHEMA_FILE.read_text())
 
 INCONCLUSIVE = ("inconclusive: noise; speedup at batch 8 on cpu 1.10x [0.90, 1.30] (95%, 6 rounds, 30 s budget) "
                 "straddles 1.2; counted as a failure (validate.throughput.inconclusive)")
@@ -33,7 +34,7 @@ def gate(name: str, passed: bool, detail: str, verdict: str = "", interval: list
 def sample_report() -> dict[str, Any]:
     """Two candidates, neither passing: int8's speed gate is inconclusive, fp16 misses accuracy."""
     fidelity = {"name": "logits", "max_abs": 0.0123456, "mean_abs": 0.001, "p99_abs": 0.01, "max_rel": 0.05,
-                "cosine": 0.9999, "nonfinite": 0}
+                "cosine": 0.9999, "nonfinite": 0, "within_tolerance": False}
     report = {
         "schema_version": 2, "recipe": "toy", "metric": "top1",
         "baseline": {"metric": 0.95, "throughput": [measurement(4000.0)]},

@@ -1,4 +1,5 @@
-"""A hand-built report.json that the schema accepts, for the tests of what is made from one."""
+"""A hand-built report.json that the schema accepts, for the tests of what is made from one; and
+the one way tests read a written report.json: checked against the shipped schema."""
 
 from __future__ import annotations
 
@@ -60,4 +61,11 @@ def sample_report() -> dict[str, Any]:
         "selection_reason": REASON,
     }
     jsonschema.validate(report, SCHEMA)  # every test reads a report the CI contract allows
+    return report
+
+
+def read_report(output: Path) -> dict[str, Any]:
+    """A run's report.json, after checking it against the CI contract (validators/report.schema.json)."""
+    report = json.loads((output / "report.json").read_text())
+    jsonschema.validate(report, SCHEMA)
     return report

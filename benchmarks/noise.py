@@ -42,7 +42,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from artifacts.host import HostProfile  # noqa: E402
+from validators import report_model  # noqa: E402
+from validators.report_model import Report  # noqa: E402
 
 RECIPES = ROOT / "recipes"
 RECIPE_FILES = ("digits-cnn.yaml", "digits_model.py", "digits_data.py", "digits_cnn.pt")
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps({
             "recipe": "recipes/digits-cnn.yaml", "date": started.isoformat(timespec="seconds"),
-            "host": warm["host"], "speed_policy": warm["speed_policy"], "busy_processes": BUSY,
+            "host": warm.host.model_dump(),
+            "speed_policy": warm.speed_policy.model_dump() if warm.speed_policy else None, "busy_processes": BUSY,
             "runs": [asdict(run) for run in runs]}, indent=1) + "\n")
     return 0
 
@@ -159,7 +161,7 @@ def _stage(work: Path, min_speedup: float | None) -> Path:
 
 
 def _temper_run(temper: Path, recipe: Path, output: Path, timeout: float,
-                busy: int) -> tuple[int | None, float, dict[str, Any] | None]:
+                busy: int) -> tuple[int | None, float, Report | None]:
     """One `temper run` with `busy` spinning processes sharing the cores for its whole length.
 
     Returns the exit code (None: killed at the timeout), wall seconds and the report (None: none written)."""
@@ -187,42 +189,43 @@ def _temper_run(temper: Path, recipe: Path, output: Path, timeout: float,
         tail = log.read_text(errors="replace").splitlines()[-20:]
         print(f"--- last lines of {output.name}'s output (exit {_exit(code)}):", *tail, sep="\n", file=sys.stderr)
     report = output / "report.json"
-    return code, wall, json.loads(report.read_text()) if code is not None and report.is_file() else None
+    return code, wall, report_model.load(report) if code is not None and report.is_file() else None
 
 
 def _exit(code: int | None) -> str:
     return "timeout" if code is None else str(code)
 
 
-def _record(index: int, condition: str, code: int | None, wall: float, report: dict[str, Any] | None) -> Run:
+def _record(index: int, condition: str, code: int | None, wall: float, report: Report | None) -> Run:
     """The run's speed-gate verdicts, each with the throughput entry it was decided on."""
     run = Run(index, condition, code, round(wall, 2))
     if report is None:
         return run
-    run.selected, run.selection_reason = report["selected"], report["selection_reason"]
-    for name, candidate in report["candidates"].items():
-        entries = {f"throughput.{m['provider']}.b{m['batch_size']}": m for m in candidate["throughput"]}
-        for gate in candidate["gates"]:
-            if not gate["name"].startswith("throughput."):
+    run.selected, run.selection_reason = report.selected, report.selection_reason
+    for name, candidate in report.candidates.items():
+        entries = {f"throughput.{m.provider}.b{m.batch_size}": m for m in candidate.throughput}
+        for gate in candidate.gates:
+            if not gate.name.startswith("throughput."):
                 continue
-            entry = entries.get(gate["name"], {})
-            run.verdicts.append(Verdict(name, gate["name"], gate["verdict"], gate["measured"], gate["budget"],
-                                        gate["interval"], entry.get("rounds"), entry.get("spread_pct"),
-                                        entry.get("load")))
+            entry = entries.get(gate.name)
+            run.verdicts.append(Verdict(name, gate.name, gate.verdict, gate.measured, gate.budget,
+                                        None if gate.interval is None else list(gate.interval),
+                                        entry.rounds if entry else None, entry.spread_pct if entry else None,
+                                        entry.load.model_dump() if entry and entry.load else None))
     return run
 
 
-def _markdown(warm: dict[str, Any], runs: list[Run], started: datetime.datetime) -> str:
-    host = HostProfile.model_validate(warm["host"]).summary()
-    policy = warm["speed_policy"] or {}
+def _markdown(warm: Report, runs: list[Run], started: datetime.datetime) -> str:
+    host = warm.host.summary()
+    policy = warm.speed_policy
     per_side = len(runs) // 2
-    sizes = ", ".join(map(str, policy.get("gated_batch_sizes", [])))
+    sizes = ", ".join(map(str, policy.gated_batch_sizes if policy else []))
     lines = ["### Speed-verdict noise: recipes/digits-cnn.yaml", "",
              f"**Machine:** {host}; {started:%Y-%m-%d %H:%M}", "",
              f"{per_side} idle and {per_side} loaded runs ({BUSY} spinning processes sharing the cores), "
-             f"alternated, after one warm-up build. Speed gates: speedup >= {policy.get('min_speedup')} at batch "
-             f"{sizes}, {policy.get('confidence', 0):.0%} interval, at most {policy.get('max_duration_s')} s per "
-             f"batch size, inconclusive counted as a {policy.get('inconclusive')}.", ""]
+             f"alternated, after one warm-up build. Speed gates: speedup >= {policy and policy.min_speedup} at batch "
+             f"{sizes}, {policy.confidence if policy else 0:.0%} interval, at most {policy and policy.max_duration_s} "
+             f"s per batch size, inconclusive counted as a {policy and policy.inconclusive}.", ""]
 
     pairs: dict[tuple[str, str], list[tuple[str, Verdict]]] = {}
     for run in runs:

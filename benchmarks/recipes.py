@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import shutil
@@ -27,13 +26,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from artifacts.host import HostProfile
+from validators import report_model
 from validators.report import speedup_text
+from validators.report_model import Measurement, Report
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = [ROOT / "recipes" / "digits-cnn.yaml", ROOT / "recipes" / "minilm.yaml"]
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: temper run {recipe} exited {rc} without {report_file} ({why})", file=sys.stderr)
             code = code or NO_REPORT
             continue
-        report = json.loads(report_file.read_text())
+        report = report_model.load(report_file)
         reports.append(report)
         sections.append(_section(report, recipe, duration, rc))
 
@@ -152,23 +153,23 @@ def _load(recipe: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _machine(reports: list[dict[str, Any]]) -> str:
+def _machine(reports: list[Report]) -> str:
     """The host profile temper recorded in the reports (the same code that measured), and when."""
     today = datetime.date.today().isoformat()
     if not reports:
         return f"**Machine:** no report, {today}"
-    host = HostProfile.model_validate(reports[0]["host"]).summary()
-    loads = [m["load"]["load_1m"] for r in reports for m in r["baseline"]["throughput"] if m["load"]]
+    host = reports[0].host.summary()
+    loads = [m.load.load_1m for r in reports for m in r.baseline.throughput if m.load]
     load = f"; load average during the runs {min(loads):.2f}-{max(loads):.2f}" if loads else ""
     return f"**Machine:** {host}; Python {platform.python_version()}, {today}{load}"
 
 
-def _section(report: dict[str, Any], recipe: Path, duration: float | None, rc: int) -> str:
-    metric = report["metric"]
-    candidates: dict[str, dict] = report["candidates"]
-    measured = report["baseline"]["throughput"]
-    keys = sorted({(m["provider"], m["batch_size"]) for m in measured}
-                  | {(m["provider"], m["batch_size"]) for c in candidates.values() for m in c["throughput"]})
+def _section(report: Report, recipe: Path, duration: float | None, rc: int) -> str:
+    metric = report.metric
+    candidates = report.candidates
+    measured = report.baseline.throughput
+    keys = sorted({(m.provider, m.batch_size) for m in measured}
+                  | {(m.provider, m.batch_size) for c in candidates.values() for m in c.throughput})
     several = len({p for p, _ in keys}) > 1
 
     def label(provider: str, batch: int) -> str:
@@ -177,37 +178,37 @@ def _section(report: dict[str, Any], recipe: Path, duration: float | None, rc: i
     head = ["model", metric or "metric", "drop", "verdict"]
     for key in keys:
         head += [f"{label(*key)} samples/s", f"{label(*key)} x"]
-    rows = [_row("baseline", report["baseline"]["metric"], None, "baseline", measured, keys, baseline=True)]
+    rows = [_row("baseline", report.baseline.metric, None, "baseline", measured, keys, baseline=True)]
     for name, c in candidates.items():
-        failed = [g["name"] for g in c["gates"] if not g["passed"]]
-        verdict = "pass" if c["passed"] else f"FAIL ({', '.join(failed)})" if failed else "FAIL"
-        shown = f"**{name}**" if name == report["selected"] else name
-        rows.append(_row(shown, c["metric"], c["drop"], verdict, c["throughput"], keys))
+        failed = [g.name for g in c.gates if not g.passed]
+        verdict = "pass" if c.passed else f"FAIL ({', '.join(failed)})" if failed else "FAIL"
+        shown = f"**{name}**" if name == report.selected else name
+        rows.append(_row(shown, c.metric, c.drop, verdict, c.throughput, keys))
 
-    lines = [f"### {report['recipe']}", ""]
+    lines = [f"### {report.recipe}", ""]
     notes = [f"recipe `{_shown(recipe)}`"]
-    if report["allowed_drop"] is not None:
-        notes.append(f"allowed drop {report['allowed_drop']:.4f}")
+    if report.allowed_drop is not None:
+        notes.append(f"allowed drop {report.allowed_drop:.4f}")
     if duration is not None:
         notes.append(f"{duration:g} s timed per model and batch size")
     if rc == 1:
         notes.append("temper exited 1 (a step failed)")
     lines += ["; ".join(notes) + "; speedups with their 95% confidence interval", "", _table(head, rows), ""]
-    lines.append(f"Selected: `{report['selected']}` ({report['select']})"
-                 + (f": {report['selection_reason']}" if report["selection_reason"] else ""))
+    lines.append(f"Selected: `{report.selected}` ({report.select})"
+                 + (f": {report.selection_reason}" if report.selection_reason else ""))
     return "\n".join(lines)
 
 
-def _row(name: str, metric: float | None, drop: float | None, verdict: str, throughput: list[dict],
+def _row(name: str, metric: float | None, drop: float | None, verdict: str, throughput: Sequence[Measurement],
          keys: list[tuple[str, int]], baseline: bool = False) -> list[str]:
-    by_key = {(m["provider"], m["batch_size"]): m for m in throughput}
+    by_key = {(m.provider, m.batch_size): m for m in throughput}
     row = [name, "—" if metric is None else f"{metric:.4f}", "—" if drop is None else f"{drop:+.4f}", verdict]
     for key in keys:
         m = by_key.get(key)
         if m is None:
             row += ["—", "—"]
             continue
-        rate = m["samples_per_s"]
+        rate = m.samples_per_s
         row += [f"{rate:,.0f}" if rate >= 100 else f"{rate:.1f}", "1.00x" if baseline else speedup_text(m)]
     return row
 

@@ -37,7 +37,8 @@ from pipeline.errors import TemperError  # noqa: E402
 from pipeline.loading import load_recipe  # noqa: E402
 from pipeline.runner import Runner  # noqa: E402
 from pipeline.steps.quantize import calibration_feeds  # noqa: E402
-from validators.validation import as_report, validate  # noqa: E402
+from validators.report_model import Report  # noqa: E402
+from validators.validation import build_report, validate  # noqa: E402
 
 DEFAULT = [ROOT / "recipes" / "digits-search.yaml", ROOT / "recipes" / "minilm-static.yaml"]
 SIZES = [1, 8, 32]
@@ -68,9 +69,9 @@ def compare(recipe: Path, duration: float, cache: Path) -> str:
     try:
         print(f"{recipe.name}: temper run (build, tune, validate) ...", file=sys.stderr, flush=True)
         result = runner.run()
-        verdict = as_report(validate(gating.from_run(runner, result)))
-        chosen = verdict["selected"]
-        if chosen is None:
+        verdict = build_report(validate(gating.from_run(runner, result)))
+        chosen = verdict.selected
+        if not verdict.passed:  # the baseline is selected: there is no candidate of temper's to compare
             return f"## {loaded.recipe.name}\n\nno candidate passed every gate; nothing to compare\n"
         models: dict[str, Path | str] = {f"temper: {chosen}": next(c.model.path for c in result.candidates
                                                                    if c.name == chosen and c.model)}
@@ -81,7 +82,7 @@ def compare(recipe: Path, duration: float, cache: Path) -> str:
         timing = spec.throughput.model_copy(update={"batch_sizes": SIZES, "duration_s": duration,
                                                     "min_speedup": None, "speedup_at": None})
         print(f"{recipe.name}: measuring {', '.join(models)} side by side ...", file=sys.stderr, flush=True)
-        side = as_report(validate(dataclasses.replace(subject, spec=spec.model_copy(update={"throughput": timing}))))
+        side = build_report(validate(dataclasses.replace(subject, spec=spec.model_copy(update={"throughput": timing}))))
         return _table(loaded.recipe.name, chosen, _options(loaded.recipe.candidates[chosen]), side)
     finally:
         runner.close()
@@ -117,20 +118,20 @@ def _options(candidate: Any) -> str:
                      for s in candidate.steps)
 
 
-def _table(recipe: str, chosen: str, options: str, report: dict[str, Any]) -> str:
-    metric = report["metric"]
+def _table(recipe: str, chosen: str, options: str, report: Report) -> str:
+    metric = report.metric
     lines = [f"## {recipe}", "", f"temper selected `{chosen}` ({options}).", "",
              f"| model | {metric} drop | " + " | ".join(f"samples/s b{b}" for b in SIZES) + " | configuration |",
              "|---|---|" + "---|" * len(SIZES) + "---|"]
     speeds: dict[str, dict[int, float]] = {}
-    for name, c in report["candidates"].items():
-        speeds[name] = {m["batch_size"]: m["samples_per_s"] for m in c["throughput"]}
-        drop = "build failed" if c["drop"] is None else f"{c['drop']:+.4f}"
+    for name, c in report.candidates.items():
+        speeds[name] = {m.batch_size: m.samples_per_s for m in c.throughput}
+        drop = "build failed" if c.drop is None else f"{c.drop:+.4f}"
         config = DEFAULTS.get(name, options)
-        if c["drop"] is None:
-            config = next(g["detail"] for g in c["gates"] if g["name"] == "build")
+        if c.drop is None:
+            config = next(g.detail for g in c.gates if g.name == "build")
         lines.append(f"| {name} | {drop} | " + " | ".join(f"{speeds[name].get(b, 0):,.0f}" for b in SIZES) + f" | {config} |")
-    base = {m["batch_size"]: m["samples_per_s"] for m in report["baseline"]["throughput"]}
+    base = {m.batch_size: m.samples_per_s for m in report.baseline.throughput}
     lines.append("| FP32 baseline | — | " + " | ".join(f"{base[b]:,.0f}" for b in SIZES) + " | |")
     ours = speeds[f"temper: {chosen}"]
     lines.append("")
@@ -138,8 +139,8 @@ def _table(recipe: str, chosen: str, options: str, report: dict[str, Any]) -> st
         if speeds.get(name):
             ratios = ", ".join(f"{ours[b] / speeds[name][b]:.2f}x" for b in SIZES)
             lines.append(f"- temper's choice vs {name}: {ratios} the speed at batch {'/'.join(map(str, SIZES))}; "
-                         f"drop {report['candidates'][f'temper: {chosen}']['drop']:+.4f} vs "
-                         f"{report['candidates'][name]['drop']:+.4f}")
+                         f"drop {report.candidates[f'temper: {chosen}'].drop:+.4f} vs "
+                         f"{report.candidates[name].drop:+.4f}")
     return "\n".join(lines) + "\n"
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from pipeline.cache import MODEL_FILE
+from pipeline.cache import MODEL_FILE, TUNING_FILE
 from pipeline.errors import EnvironmentProblem, RecipeError, first_line
 from pipeline.loading import LoadedRecipe
 from pipeline.outputs import MANIFEST, build_fingerprint
@@ -27,7 +28,14 @@ def subject(runner: Runner, baseline: Path, candidates: dict[str, Path | str]) -
         preset=None if loaded.preset_choice is None else {"target": loaded.preset_choice.target,
                                                           "preset": loaded.preset_choice.preset,
                                                           "reason": loaded.preset_choice.reason},
+        tunings=tunings(candidates),
     )
+
+
+def tunings(candidates: dict[str, Path | str]) -> dict[str, dict[str, Any]]:
+    """The quantize fallback's record (tuning.json beside the model) of each built candidate that has one."""
+    return {name: json.loads((path.parent / TUNING_FILE).read_text()) for name, path in candidates.items()
+            if isinstance(path, Path) and (path.parent / TUNING_FILE).is_file()}
 
 
 def precheck(runner: Runner) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from pipeline.errors import EnvironmentProblem, first_line
 from pipeline.loading import LoadedRecipe
 from pipeline.onnx_io import sha256_file
 from pipeline.outputs import MANIFEST
+from validators.report_model import FILE as REPORT_FILE
+from validators.report_model import Report
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -27,36 +30,39 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
-def metrics_of(report: dict[str, Any]) -> dict[str, float]:
+def metrics_of(report: Report | Mapping[str, Any]) -> dict[str, float]:
+    """The report's numbers as MLflow metrics (report.json's dict is validated on the way in)."""
+    report = Report.model_validate(report)
     found: dict[str, float] = {}
-    if report["baseline"]["metric"] is not None:
-        found[f"baseline.{report['metric']}"] = report["baseline"]["metric"]
-    for m in report["baseline"]["throughput"]:
-        found[f"baseline.{m['provider']}.b{m['batch_size']}.samples_per_s"] = m["samples_per_s"]
-    for name, c in report["candidates"].items():
-        found[f"{name}.passed"] = float(c["passed"])
-        if c["metric"] is not None:
-            found[f"{name}.{report['metric']}"] = c["metric"]
-            found[f"{name}.drop"] = c["drop"]
-        for f in c["fidelity"]:
-            found[f"{name}.fidelity.{f['name']}.cosine"] = f["cosine"]
-            found[f"{name}.fidelity.{f['name']}.max_abs"] = f["max_abs"]
-        for m in c["throughput"]:
-            key = f"{name}.{m['provider']}.b{m['batch_size']}"
-            found[f"{key}.samples_per_s"] = m["samples_per_s"]
-            found[f"{key}.speedup"] = m["speedup"]
-            found[f"{key}.p99_ms"] = m["latency_ms"]["p99"]
+    if report.baseline.metric is not None:
+        found[f"baseline.{report.metric}"] = report.baseline.metric
+    for m in report.baseline.throughput:
+        found[f"baseline.{m.provider}.b{m.batch_size}.samples_per_s"] = m.samples_per_s
+    for name, c in report.candidates.items():
+        found[f"{name}.passed"] = float(c.passed)
+        if c.metric is not None:
+            found[f"{name}.{report.metric}"] = c.metric
+            found[f"{name}.drop"] = c.drop
+        for f in c.fidelity:
+            found[f"{name}.fidelity.{f.name}.cosine"] = f.cosine
+            found[f"{name}.fidelity.{f.name}.max_abs"] = f.max_abs
+        for cm in c.throughput:
+            key = f"{name}.{cm.provider}.b{cm.batch_size}"
+            found[f"{key}.samples_per_s"] = cm.samples_per_s
+            found[f"{key}.speedup"] = cm.speedup
+            found[f"{key}.p99_ms"] = cm.latency_ms.p99
     return found
 
 
-def publish_run(loaded: LoadedRecipe, folder: Path, report: dict[str, Any], tracking: str | None) -> Published:
+def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str, Any], tracking: str | None) -> Published:
     """Record the run in MLflow and register the selection (the baseline when no candidate passed) with
     its serving runtime."""
     spec = loaded.recipe.publish
     assert spec is not None
-    selected = report["selected"]
-    host = HostProfile.model_validate(report["host"])
-    tags = {"recipe": loaded.recipe.name, "recipe_sha256": loaded.sha256, "passed": str(report["passed"]).lower(),
+    report = Report.model_validate(report)
+    selected = report.selected
+    host = report.host
+    tags = {"recipe": loaded.recipe.name, "recipe_sha256": loaded.sha256, "passed": str(report.passed).lower(),
             **{f"{lib}_version": importlib.metadata.version(lib) for lib in ("onnxruntime", "onnx", "temper-ml")},
             **host_tags(host)}
     try:
@@ -66,7 +72,7 @@ def publish_run(loaded: LoadedRecipe, folder: Path, report: dict[str, Any], trac
             tags |= _version_tags(loaded, report, selected, model)
             config = bundle.config_for(model, spec.mlflow.registered_model, measured_on=host,
                                        **spec.serving.model_dump())
-            packed = bundle.write(Path(tmp) / "bundle", model, config, [folder / "report.json", folder / MANIFEST])
+            packed = bundle.write(Path(tmp) / "bundle", model, config, [folder / REPORT_FILE, folder / MANIFEST])
             run_id, model_uri = record_run(
                 client, experiment=spec.mlflow.experiment, run_name=spec.mlflow.registered_model,
                 params=flatten(loaded.recipe.model_dump(mode="json", by_alias=True)), metrics=metrics_of(report),
@@ -89,14 +95,14 @@ def host_tags(host: HostProfile) -> dict[str, str]:
             "host.gpus": ", ".join(g.name for g in host.gpus) or "none", "host.summary": host.summary()}
 
 
-def _version_tags(loaded: LoadedRecipe, report: dict[str, Any], selected: str, model: Path) -> dict[str, str]:
+def _version_tags(loaded: LoadedRecipe, report: Report, selected: str, model: Path) -> dict[str, str]:
     validation = loaded.recipe.validation
-    gates = report["candidates"][selected]["gates"] if selected in report["candidates"] else []
+    gates = report.candidates[selected].gates if selected in report.candidates else []
     return {
         "candidate": selected,
         "precision": loaded.recipe.precision(selected),
         "provider": validation.throughput.providers[0] if validation and validation.throughput else "cpu",
         "model_sha256": sha256_file(model),
-        "gates": (", ".join(f"{g['name']}={'pass' if g['passed'] else 'FAIL'}" for g in gates)
-                  or f"baseline: {report['selection_reason']}")[:TAG_LIMIT],
+        "gates": (", ".join(f"{g.name}={'pass' if g.passed else 'FAIL'}" for g in gates)
+                  or f"baseline: {report.selection_reason}")[:TAG_LIMIT],
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,180 +14,193 @@ matplotlib.use("Agg")  # files only; never a display
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
+from validators.report_model import FILE, CandidateMeasurement, Report, Tuning, dumps
 
-def write(report: dict[str, Any], folder: Path) -> list[Path]:
+Readable = Report | Mapping[str, Any]  # a Report, or report.json's dict (validated on the way in)
+
+
+def write(report: Readable, folder: Path) -> list[Path]:
     """Write every report file into `folder`; plots only where there is something to plot."""
-    written = [folder / "report.json", folder / "report.md", folder / "junit.xml"]
-    written[0].write_text(json.dumps(report, indent=2) + "\n")
+    report = Report.model_validate(report)
+    written = [folder / FILE, folder / "report.md", folder / "junit.xml"]
+    written[0].write_text(dumps(report))
     written[1].write_text(markdown(report))
     junit(report).write(written[2], encoding="utf-8", xml_declaration=True)
-    if report["baseline"]["throughput"]:
+    if report.baseline.throughput:
         written.append(_throughput_plot(report, folder / "throughput.png"))
-        if report["metric"]:
+        if report.metric:
             written.append(_tradeoff_plot(report, folder / "tradeoff.png"))
-    for name, c in report["candidates"].items():
-        if c["tuning"] and c["tuning"]["ranking"]:
-            written.append(_sensitivity_plot(name, c["tuning"], folder / f"sensitivity-{name}.png"))
+    for name, c in report.candidates.items():
+        if c.tuning and c.tuning.ranking:
+            written.append(_sensitivity_plot(name, c.tuning, folder / f"sensitivity-{name}.png"))
     return written
 
 
-def speedup_text(m: dict[str, Any]) -> str:
+def speedup_text(m: CandidateMeasurement | Mapping[str, Any]) -> str:
     """`1.40x [1.36, 1.44]`: a throughput entry's speedup and its confidence interval."""
-    interval = m.get("speedup_interval")
-    return f"{m['speedup']:.2f}x" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+    if isinstance(m, Mapping):  # report.json's dict, or just its speedup and interval
+        speedup, interval = m["speedup"], m.get("speedup_interval")
+    else:
+        speedup, interval = m.speedup, m.speedup_interval
+    return f"{speedup:.2f}x" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
 
 
-def markdown(report: dict[str, Any]) -> str:
-    verdict = (f"**passed** — selected `{report['selected']}`" if report["passed"]
-               else f"**no candidate passed** — selected `baseline`: {report['selection_reason']}")
-    lines = [f"# temper report: {report['recipe']}", "", verdict, "", *_host_lines(report), ""]
-    metric = report["metric"]
+def markdown(report: Readable) -> str:
+    report = Report.model_validate(report)
+    verdict = (f"**passed** — selected `{report.selected}`" if report.passed
+               else f"**no candidate passed** — selected `baseline`: {report.selection_reason}")
+    lines = [f"# temper report: {report.recipe}", "", verdict, "", *_host_lines(report), ""]
+    metric = report.metric
     head = "| candidate | verdict | size | " + (f"{metric} | drop | " if metric else "") + "failed gates |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     if metric:
-        lines.append(f"| baseline | — | — | {report['baseline']['metric']:.4f} | — | — |")
-    for name, c in report["candidates"].items():
-        failed = ", ".join(g["name"] for g in c["gates"] if not g["passed"]) or "—"
-        size = f"{c['bytes'] / 1024:,.0f} KiB" if c["bytes"] else "—"
-        row = f"| {name} | {'pass' if c['passed'] else 'FAIL'} | {size} | "
+        lines.append(f"| baseline | — | — | {report.baseline.metric:.4f} | — | — |")
+    for name, c in report.candidates.items():
+        failed = ", ".join(g.name for g in c.gates if not g.passed) or "—"
+        size = f"{c.bytes / 1024:,.0f} KiB" if c.bytes else "—"
+        row = f"| {name} | {'pass' if c.passed else 'FAIL'} | {size} | "
         if metric:
-            row += (f"{c['metric']:.4f} | {c['drop']:+.4f} (max {report['allowed_drop']:.4f}) | " if c["metric"] is not None else "— | — | ")
+            row += (f"{c.metric:.4f} | {c.drop:+.4f} (max {report.allowed_drop:.4f}) | " if c.metric is not None else "— | — | ")
         lines.append(row + failed + " |")
     lines += _fidelity_section(report)
-    if report["baseline"]["throughput"]:
-        policy = report["speed_policy"]
+    if report.baseline.throughput:
+        policy = report.speed_policy
+        assert policy is not None  # measured only with validate.throughput
         lines += ["", "## Throughput (samples/s; speedup over baseline)", "",
-                  f"Speedup: geometric mean of paired per-round ratios, [{policy['confidence']:.0%} confidence "
+                  f"Speedup: geometric mean of paired per-round ratios, [{policy.confidence:.0%} confidence "
                   "interval]; spread: fastest vs slowest round of that model; load: 1-minute load average, "
                   "% CPU stolen by the hypervisor, % of all CPUs busy while that batch size was measured.", "",
                   "| model | provider | batch | samples/s | speedup | rounds | spread | p50 ms | p99 ms | load / steal / busy |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
-        rows = [("baseline", {**m, "speedup": 1.0}) for m in report["baseline"]["throughput"]]
-        rows += [(n, m) for n, c in report["candidates"].items() for m in c["throughput"]]
-        for name, m in rows:
-            load = m["load"] or {}
+        rows = [("baseline", m, speedup_text({"speedup": 1.0})) for m in report.baseline.throughput]
+        rows += [(n, m, speedup_text(m)) for n, c in report.candidates.items() for m in c.throughput]
+        for name, m, speedup in rows:
+            load = m.load.model_dump() if m.load else {}
             shown = " / ".join("—" if load.get(k) is None else f"{load[k]:g}{'%' if k != 'load_1m' else ''}"
                                for k in ("load_1m", "steal_pct", "busy_pct"))
-            spread = "—" if m["spread_pct"] is None else f"{m['spread_pct']:.1f}%"
-            lines.append(f"| {name} | {m['provider']} | {m['batch_size']} | {m['samples_per_s']:,.0f} | "
-                         f"{speedup_text(m)} | {m['rounds']} | {spread} | {m['latency_ms']['p50']:.3f} | "
-                         f"{m['latency_ms']['p99']:.3f} | {shown} |")
-    for name, search in report["searches"].items():
-        lines += _search_section(name, search, report)
-    for name, c in report["candidates"].items():
-        if c["tuning"]:
-            lines += _tuning_section(name, c["tuning"])
-    failures = [(n, g) for n, c in report["candidates"].items() for g in c["gates"] if not g["passed"]]
+            spread = "—" if m.spread_pct is None else f"{m.spread_pct:.1f}%"
+            lines.append(f"| {name} | {m.provider} | {m.batch_size} | {m.samples_per_s:,.0f} | "
+                         f"{speedup} | {m.rounds} | {spread} | {m.latency_ms.p50:.3f} | "
+                         f"{m.latency_ms.p99:.3f} | {shown} |")
+    for name in report.searches:
+        lines += _search_section(name, report)
+    for name, c in report.candidates.items():
+        if c.tuning:
+            lines += _tuning_section(name, c.tuning)
+    failures = [(n, g) for n, c in report.candidates.items() for g in c.gates if not g.passed]
     if failures:
-        lines += ["", "## Failed gates", ""] + [f"- `{n}` {g['name']}: {g['detail']}" for n, g in failures]
+        lines += ["", "## Failed gates", ""] + [f"- `{n}` {g.name}: {g.detail}" for n, g in failures]
     return "\n".join(lines) + "\n"
 
 
 RANKING_ROWS = 15  # the table; tuning.json holds the whole ranking
 
 
-def _host_lines(report: dict[str, Any]) -> list[str]:
+
+def _host_lines(report: Report) -> list[str]:
     """Where every figure below was measured, and what quantize's `preset: auto` made of it."""
-    host = report["host"]
-    features = ", ".join(host["features"]) if host["features_known"] else "unknown (the OS lists none)"
-    gpus = ", ".join(g["name"] + (f" (compute capability {g['compute_capability']})" if g["compute_capability"] else "")
-                     for g in host["gpus"]) or "none"
-    memory = f"{host['memory_gib']:g} GiB" if host["memory_gib"] else "unknown"
+    host = report.host
+    features = ", ".join(host.features) if host.features_known else "unknown (the OS lists none)"
+    gpus = ", ".join(g.name + (f" (compute capability {g.compute_capability})" if g.compute_capability else "")
+                     for g in host.gpus) or "none"
+    memory = f"{host.memory_gib:g} GiB" if host.memory_gib else "unknown"
     lines = ["## Host", "",
-             f"- CPU: {host['cpu']} ({host['arch']}); INT8/FP16 features: {features}",
-             f"- cores used: {host['usable_cores']} (of {host['logical_cpus']} logical CPUs); memory {memory}; GPU: {gpus}",
-             f"- onnxruntime {host['onnxruntime']} with {', '.join(host['providers'])}"]
-    target = report["target"]
+             f"- CPU: {host.cpu} ({host.arch}); INT8/FP16 features: {features}",
+             f"- cores used: {host.usable_cores} (of {host.logical_cpus} logical CPUs); memory {memory}; GPU: {gpus}",
+             f"- onnxruntime {host.onnxruntime} with {', '.join(host.providers)}"]
+    target = report.target
     if target:
-        lines.append(f"- quantize `preset: auto` → `{target['preset'] or 'none (ONNX Runtime defaults)'}` "
-                     f"for target `{target['target']}`: {target['reason']}")
-        used = sorted({(n, c["precision"]) for n, c in report["candidates"].items() if c["precision"]})
-        if target["target"] != "host" and any(p.startswith("int8") for _, p in used):
+        lines.append(f"- quantize `preset: auto` → `{target.preset or 'none (ONNX Runtime defaults)'}` "
+                     f"for target `{target.target}`: {target.reason}")
+        used = sorted({(n, c.precision) for n, c in report.candidates.items() if c.precision})
+        if target.target != "host" and any(p.startswith("int8") for _, p in used):
             lines.append("- speed was measured on this host, not on the target: re-run the gates there before trusting "
                          "the speedups")
     return lines
 
 
-def _fidelity_section(report: dict[str, Any]) -> list[str]:
+def _fidelity_section(report: Report) -> list[str]:
     """Every candidate's agreement with the baseline, per output, whether or not a gate failed on it."""
-    rows = [(n, f) for n, c in report["candidates"].items() for f in c["fidelity"]]
+    rows = [(n, f) for n, c in report.candidates.items() for f in c.fidelity]
     if not rows:
         return []
     lines = ["", "## Fidelity (per output, vs the baseline)", "",
              "| candidate | output | cosine | max abs | mean abs | p99 abs | NaN/Inf |", "|---|---|---|---|---|---|---|"]
     for name, f in rows:
-        lines.append(f"| {name} | {f['name']} | {f['cosine']:.6f} | {f['max_abs']:.4g} | {f['mean_abs']:.4g} | "
-                     f"{f['p99_abs']:.4g} | {f['nonfinite']} |")
+        lines.append(f"| {name} | {f.name} | {f.cosine:.6f} | {f.max_abs:.4g} | {f.mean_abs:.4g} | "
+                     f"{f.p99_abs:.4g} | {f.nonfinite} |")
     return lines
 
 
-def _search_section(name: str, search: dict[str, Any], report: dict[str, Any]) -> list[str]:
-    lines = ["", f"## Search: {name} ({len(search['trials'])} of {search['combinations']} combinations built)", "",
+def _search_section(name: str, report: Report) -> list[str]:
+    search = report.searches[name]
+    lines = ["", f"## Search: {name} ({len(search.trials)} of {search.combinations} combinations built)", "",
              "| trial | verdict | drop | samples/s (largest batch) |", "|---|---|---|---|"]
-    for trial in search["trials"]:
-        c = report["candidates"][trial]
-        speed = max(c["throughput"], key=lambda m: m["batch_size"])["samples_per_s"] if c["throughput"] else None
-        lines.append(f"| {trial} | {'pass' if c['passed'] else 'FAIL'} | "
-                     f"{'—' if c['drop'] is None else format(c['drop'], '+.4f')} | {'—' if speed is None else format(speed, ',.0f')} |")
-    if search["combinations"] > len(search["trials"]):
-        lines += ["", f"{search['combinations'] - len(search['trials'])} combinations not built: raise max_trials to try them."]
+    for trial in search.trials:
+        c = report.candidates[trial]
+        speed = max(c.throughput, key=lambda m: m.batch_size).samples_per_s if c.throughput else None
+        lines.append(f"| {trial} | {'pass' if c.passed else 'FAIL'} | "
+                     f"{'—' if c.drop is None else format(c.drop, '+.4f')} | {'—' if speed is None else format(speed, ',.0f')} |")
+    if search.combinations > len(search.trials):
+        lines += ["", f"{search.combinations - len(search.trials)} combinations not built: raise max_trials to try them."]
     return lines
 
 
-def _tuning_section(name: str, tuning: dict[str, Any]) -> list[str]:
-    outcome = "met" if tuning["met"] else "**not met**: the best model found is kept (the smallest drop)"
+def _tuning_section(name: str, tuning: Tuning) -> list[str]:
+    outcome = "met" if tuning.met else "**not met**: the best model found is kept (the smallest drop)"
     lines = ["", f"## Fallback: {name}", "",
-             f"Budget: {tuning['metric']} drop at most {tuning['allowed_drop']:.4f} from {tuning['baseline_metric']:.4f}; "
-             f"{outcome}; {len(tuning['trials'])} of at most {tuning['max_trials']} trials; kept: trial {tuning['best']}.", "",
+             f"Budget: {tuning.metric} drop at most {tuning.allowed_drop:.4f} from {tuning.baseline_metric:.4f}; "
+             f"{outcome}; {len(tuning.trials)} of at most {tuning.max_trials} trials; kept: trial {tuning.best}.", "",
              "| trial | kind | nodes in float | metric | drop | cosine | samples/s | gates |", "|---|---|---|---|---|---|---|---|"]
-    for index, t in enumerate(tuning["trials"]):
-        speed = "—" if t["samples_per_s"] is None else f"{t['samples_per_s']:,.0f}"
-        lines.append(f"| {index}{' (kept)' if index == tuning['best'] else ''} | {t['kind']} | {len(t['float_nodes'])} | "
-                     f"{t['metric']:.4f} | {t['drop']:+.4f} | {t['cosine']:.4f} | {speed} | {'held' if t['passed'] else 'missed'} |")
-    kept = tuning["trials"][tuning["best"]]["float_nodes"]
+    for index, t in enumerate(tuning.trials):
+        speed = "—" if t.samples_per_s is None else f"{t.samples_per_s:,.0f}"
+        lines.append(f"| {index}{' (kept)' if index == tuning.best else ''} | {t.kind} | {len(t.float_nodes)} | "
+                     f"{t.metric:.4f} | {t.drop:+.4f} | {t.cosine:.4f} | {speed} | {'held' if t.passed else 'missed'} |")
+    kept = tuning.trials[tuning.best].float_nodes
     if kept:
         lines += ["", "Kept in float: " + ", ".join(f"`{n}`" for n in kept)]
-    if tuning["ranking"]:
+    if tuning.ranking:
         lines += ["", "Sensitivity (most harmful first; SQNR of the quantized tensors a node touches, dB; "
                       "-200 = NaN/Inf where the float model has numbers):", "",
                   "| rank | node | op | SQNR dB | output SQNR vs float dB |", "|---|---|---|---|---|"]
-        for rank, r in enumerate(tuning["ranking"][:RANKING_ROWS], 1):
-            acc = "—" if r["accumulated_db"] is None else f"{r['accumulated_db']:.1f}"
-            lines.append(f"| {rank} | `{r['node']}` | {r['op_type']} | {r['sqnr_db']:.1f} | {acc} |")
+        for rank, r in enumerate(tuning.ranking[:RANKING_ROWS], 1):
+            acc = "—" if r.accumulated_db is None else f"{r.accumulated_db:.1f}"
+            lines.append(f"| {rank} | `{r.node}` | {r.op_type} | {r.sqnr_db:.1f} | {acc} |")
     return lines
 
 
-def junit(report: dict[str, Any]) -> ET.ElementTree:
+def junit(report: Readable) -> ET.ElementTree:
     """One test case per candidate gate, so a CI system shows exactly which gate failed."""
-    cases = [(name, gate) for name, c in report["candidates"].items() for gate in c["gates"]]
-    failures = sum(not g["passed"] for _, g in cases)
-    suite = ET.Element("testsuite", name=f"temper.{report['recipe']}", tests=str(len(cases)),
+    report = Report.model_validate(report)
+    cases = [(name, gate) for name, c in report.candidates.items() for gate in c.gates]
+    failures = sum(not g.passed for _, g in cases)
+    suite = ET.Element("testsuite", name=f"temper.{report.recipe}", tests=str(len(cases)),
                        failures=str(failures), errors="0", skipped="0")
     for name, gate in cases:
-        case = ET.SubElement(suite, "testcase", classname=f"{report['recipe']}.{name}", name=gate["name"])
-        if not gate["passed"]:
-            ET.SubElement(case, "failure", message=gate["detail"], type="gate").text = json.dumps(gate)
+        case = ET.SubElement(suite, "testcase", classname=f"{report.recipe}.{name}", name=gate.name)
+        if not gate.passed:
+            ET.SubElement(case, "failure", message=gate.detail, type="gate").text = json.dumps(gate.model_dump())
     root = ET.Element("testsuites", tests=str(len(cases)), failures=str(failures))
     root.append(suite)
     return ET.ElementTree(root)
 
 
-def _throughput_plot(report: dict[str, Any], path: Path) -> Path:
+def _throughput_plot(report: Report, path: Path) -> Path:
     """samples/s against batch size: log x (sizes double), linear y from 0 with plain tick labels, and
     each model's round-to-round spread as an error bar."""
-    series = {"baseline": report["baseline"]["throughput"]} | {n: c["throughput"] for n, c in report["candidates"].items()}
-    providers = sorted({m["provider"] for ms in series.values() for m in ms})
+    series = {"baseline": report.baseline.throughput} | {n: c.throughput for n, c in report.candidates.items()}
+    providers = sorted({m.provider for ms in series.values() for m in ms})
     fig, axes = plt.subplots(1, len(providers), figsize=(6 * len(providers), 4), squeeze=False)
     for ax, provider in zip(axes[0], providers):
         for name, ms in series.items():
-            points = sorted((m["batch_size"], m["samples_per_s"], m["spread_pct"] or 0.0) for m in ms if m["provider"] == provider)
+            points = sorted((m.batch_size, m.samples_per_s, m.spread_pct or 0.0) for m in ms if m.provider == provider)
             if points:
                 sizes, speeds, spreads = zip(*points)
                 half = [v * p / 200 for v, p in zip(speeds, spreads)]
                 ax.errorbar(sizes, speeds, yerr=half, marker="o", capsize=3, label=name,
                             linestyle="--" if name == "baseline" else "-")
-        sizes = sorted({m["batch_size"] for ms in series.values() for m in ms})
-        ax.set(xscale="log", xlabel="batch size", ylabel="samples/s", title=f"{report['recipe']} on {provider}")
+        sizes = sorted({m.batch_size for ms in series.values() for m in ms})
+        ax.set(xscale="log", xlabel="batch size", ylabel="samples/s", title=f"{report.recipe} on {provider}")
         ax.set_xticks(sizes, [str(b) for b in sizes])
         ax.minorticks_off()
         ax.set_ylim(bottom=0)
@@ -199,25 +213,25 @@ def _throughput_plot(report: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def _tradeoff_plot(report: dict[str, Any], path: Path) -> Path:
+def _tradeoff_plot(report: Report, path: Path) -> Path:
     """Accuracy drop against speedup at the largest batch size, with the speedup's confidence
     interval as a horizontal error bar and both budgets as lines."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name, c in report["candidates"].items():
-        if c["drop"] is None or not c["throughput"]:
+    for name, c in report.candidates.items():
+        if c.drop is None or not c.throughput:
             continue
-        best = max(c["throughput"], key=lambda m: m["batch_size"])
-        low, high = best["speedup_interval"] or (best["speedup"], best["speedup"])
-        ax.errorbar(best["speedup"], c["drop"], xerr=[[best["speedup"] - low], [high - best["speedup"]]], fmt="o",
-                    capsize=4, color="tab:green" if c["passed"] else "tab:red")
-        ax.annotate(name, (best["speedup"], c["drop"]), textcoords="offset points", xytext=(5, 5))
-    ax.axhline(report["allowed_drop"], color="gray", linestyle="--", label="allowed drop")
+        best = max(c.throughput, key=lambda m: m.batch_size)
+        low, high = best.speedup_interval or (best.speedup, best.speedup)
+        ax.errorbar(best.speedup, c.drop, xerr=[[best.speedup - low], [high - best.speedup]], fmt="o",
+                    capsize=4, color="tab:green" if c.passed else "tab:red")
+        ax.annotate(name, (best.speedup, c.drop), textcoords="offset points", xytext=(5, 5))
+    ax.axhline(report.allowed_drop, color="gray", linestyle="--", label="allowed drop")
     ax.axvline(1.0, color="gray", linestyle=":", label="baseline speed")
-    policy = report["speed_policy"]
-    if policy and policy["min_speedup"] is not None:
-        ax.axvline(policy["min_speedup"], color="tab:orange", linestyle="--", label=f"min_speedup {policy['min_speedup']:g}")
-    ax.set(xlabel="speedup over baseline (largest batch; bar: confidence interval)", ylabel=f"{report['metric']} drop",
-           title=f"{report['recipe']}: accuracy vs speed")
+    policy = report.speed_policy
+    if policy and policy.min_speedup is not None:
+        ax.axvline(policy.min_speedup, color="tab:orange", linestyle="--", label=f"min_speedup {policy.min_speedup:g}")
+    ax.set(xlabel="speedup over baseline (largest batch; bar: confidence interval)", ylabel=f"{report.metric} drop",
+           title=f"{report.recipe}: accuracy vs speed")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -225,11 +239,11 @@ def _tradeoff_plot(report: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def _sensitivity_plot(name: str, tuning: dict[str, Any], path: Path) -> Path:
-    top = tuning["ranking"][:20]
+def _sensitivity_plot(name: str, tuning: Tuning, path: Path) -> Path:
+    top = tuning.ranking[:20]
     fig, ax = plt.subplots(figsize=(8, 0.3 * len(top) + 1.5))
-    labels = [r["node"] if len(r["node"]) <= 60 else "…" + r["node"][-59:] for r in top]
-    ax.barh(range(len(top)), [r["sqnr_db"] for r in top], color="tab:red")
+    labels = [r.node if len(r.node) <= 60 else "…" + r.node[-59:] for r in top]
+    ax.barh(range(len(top)), [r.sqnr_db for r in top], color="tab:red")
     ax.set_yticks(range(len(top)), labels, fontsize=7)
     ax.invert_yaxis()
     ax.set(xlabel="SQNR of the quantized tensors it touches (dB; lower = more harmful)",

@@ -6,27 +6,34 @@ take, a missing provider) are raised before anything slow runs.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from artifacts.host import HostProfile, Load, LoadMeter, profile
 from calibration.sources import Dataset
 from pipeline import onnx_io
-from pipeline.cache import TUNING_FILE
 from pipeline.errors import RecipeError
 from pipeline.recipe import ValidateSpec
-from pipeline.search import Search
-from validators import scoring
+from validators import report_model, scoring
 from validators.evaluate import predict
 from validators.fidelity import OutputComparison, compare, fidelity_gates
 from validators.gates import Gate, Verdict, at_most, select
 from validators.speedup import Speedup, estimate
 from validators.throughput import Measurement, batch_of, measure, session_for
+
+
+class Searched(Protocol):
+    """A searched candidate (pipeline.search.Search): the combinations built, and how many there were."""
+
+    @property
+    def trials(self) -> list[str]: ...
+
+    @property
+    def combinations(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -44,9 +51,10 @@ class Subject:
     outputs: list[str]
     baseline: Path
     candidates: dict[str, Path | str]  # the built model, or the reason its build failed
-    searches: dict[str, Search] = field(default_factory=dict)  # searched candidate -> its trials
+    searches: dict[str, Searched] = field(default_factory=dict)  # searched candidate -> its trials
     precisions: dict[str, str] = field(default_factory=dict)  # candidate -> fp16, int8-static, ...
     preset: dict[str, str | None] | None = None  # what quantize's preset auto resolved to: target, preset, reason
+    tunings: dict[str, dict[str, Any]] = field(default_factory=dict)  # candidate -> its quantize fallback record
 
 
 @dataclass
@@ -104,8 +112,7 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
             result.verdict.gates.append(Gate("build", False, None, None, path))
             continue
         result.verdict.bytes = path.stat().st_size
-        if (path.parent / TUNING_FILE).is_file():
-            result.tuning = json.loads((path.parent / TUNING_FILE).read_text())
+        result.tuning = subject.tunings.get(name)
         result.verdict.gates.append(Gate("build", True, None, None, "built"))
         progress(f"{name} › evaluate")
         out = predict(path, subject.evaluation.features, subject.eval_batch_size)
@@ -271,43 +278,55 @@ def _host_hint(precision: str, host: HostProfile, provider: str) -> str | None:
     return None
 
 
-def as_report(validation: Validation) -> dict[str, Any]:
-    """The report.json contract (schema: validators/report.schema.json)."""
+def build_report(validation: Validation) -> report_model.Report:
+    """The report.json contract (validators/report_model.py; written with report_model.dumps)."""
     subject = validation.subject
     throughput = subject.spec.throughput
-    return {
-        "schema_version": 2,
-        "recipe": subject.recipe_name,
-        "host": validation.host.model_dump(),
-        "target": subject.preset,
-        "metric": validation.metric_name,
-        "baseline": {"metric": validation.baseline_metric,
-                     "throughput": [m.as_dict() for m in validation.baseline_throughput]},
-        "allowed_drop": validation.allowed_drop,
-        "speed_policy": None if throughput is None else {
-            "min_speedup": throughput.min_speedup, "gated_batch_sizes": throughput.gated_sizes,
-            "confidence": throughput.confidence, "max_duration_s": throughput.budget_s,
-            "inconclusive": throughput.inconclusive},
-        "candidates": {
-            c.verdict.name: {
-                "passed": c.verdict.passed,
-                "precision": subject.precisions.get(c.verdict.name),
-                "bytes": c.verdict.bytes,
-                "metric": c.metric,
-                "drop": c.drop,
-                "gates": [g.as_dict() for g in c.verdict.gates],
-                "fidelity": [f.as_dict() for f in c.fidelity],
-                "throughput": [{**m.as_dict(), "speedup": up.ratio,
-                                "speedup_interval": None if up.low is None else [up.low, up.high]}
-                               for m, up in c.throughput],
-                "tuning": c.tuning,
-            }
-            for c in validation.candidates
-        },
-        "searches": {name: {"trials": s.trials, "combinations": s.combinations}
-                     for name, s in subject.searches.items()},
-        "select": subject.rule,
-        "selected": validation.selected,
-        "selection_reason": validation.reason,
-        "passed": validation.passed,
-    }
+    return report_model.Report(
+        schema_version=report_model.SCHEMA_VERSION,
+        recipe=subject.recipe_name,
+        host=validation.host,
+        target=None if subject.preset is None else report_model.Target.model_validate(subject.preset),
+        metric=validation.metric_name,
+        baseline=report_model.Baseline(metric=validation.baseline_metric,
+                                       throughput=[_measurement(m) for m in validation.baseline_throughput]),
+        allowed_drop=validation.allowed_drop,
+        speed_policy=None if throughput is None else report_model.SpeedPolicy(
+            min_speedup=throughput.min_speedup, gated_batch_sizes=throughput.gated_sizes,
+            confidence=throughput.confidence, max_duration_s=throughput.budget_s,
+            inconclusive=throughput.inconclusive),
+        candidates={c.verdict.name: _candidate(c, subject.precisions.get(c.verdict.name))
+                    for c in validation.candidates},
+        searches={name: report_model.Search(trials=s.trials, combinations=s.combinations)
+                  for name, s in subject.searches.items()},
+        select=subject.rule,
+        selected=validation.selected,
+        selection_reason=validation.reason,
+        passed=validation.passed,
+    )
+
+
+def as_report(validation: Validation) -> dict[str, Any]:
+    """build_report as the plain dict report.json holds, for callers that still read it by key."""
+    return build_report(validation).model_dump()
+
+
+def _measurement(m: Measurement) -> report_model.Measurement:
+    return report_model.Measurement.model_validate(m, from_attributes=True)
+
+
+def _candidate(c: CandidateResult, precision: str | None) -> report_model.Candidate:
+    return report_model.Candidate(
+        passed=c.verdict.passed,
+        precision=precision,
+        bytes=c.verdict.bytes,
+        metric=c.metric,
+        drop=c.drop,
+        gates=[report_model.Gate.model_validate(g, from_attributes=True) for g in c.verdict.gates],
+        fidelity=[report_model.Comparison.model_validate(f, from_attributes=True) for f in c.fidelity],
+        throughput=[report_model.CandidateMeasurement.model_validate(
+            {**m.as_dict(), "speedup": up.ratio,
+             "speedup_interval": None if up.low is None or up.high is None else (up.low, up.high)})
+            for m, up in c.throughput],
+        tuning=None if c.tuning is None else report_model.Tuning.model_validate(c.tuning),
+    )

@@ -7,21 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jsonschema
 import numpy as np
 import pytest
 
 from artifacts.host import profile
 from pipeline.steps import sensitivity
-from tests.conftest import RECIPES, REPO, edit_recipe
-
-SCHEMA = json.loads((REPO / "validators" / "report.schema.json").read_text())
-
-
-def _report(out: Path) -> dict:
-    report = json.loads((out / "report.json").read_text())
-    jsonschema.validate(report, SCHEMA)
-    return report
+from tests.conftest import RECIPES, edit_recipe
+from tests.unit.reports import read_report
 
 
 def _sqnr(reference: np.ndarray, test: np.ndarray) -> float:
@@ -74,7 +66,7 @@ def test_a_budget_the_fallback_cannot_meet_keeps_the_best_model_and_reports_ever
     result = temper("run", gated_digits, "--output", out, "--require", "int8-static")
     assert result.code == 1
     assert "fallback: int8-static missed the budget after 3 trials" in result.stderr
-    report = _report(out)
+    report = read_report(out)
     tuning = report["candidates"]["int8-static"]["tuning"]
     assert tuning == json.loads((out / "int8-static" / "tuning.json").read_text())
     assert not tuning["met"] and [t["kind"] for t in tuning["trials"]] == ["plain", "cumulative", "cumulative"]
@@ -107,7 +99,7 @@ def test_on_minilm_plain_static_int8_misses_the_budget_and_the_fallback_meets_it
     edit_recipe(recipe, two_candidates)
     out = tmp_path / "out"
     result = temper("run", recipe, "--output", out, "--require", "int8-static-fallback")
-    report = _report(out)
+    report = read_report(out)
     plain, tuned = report["candidates"]["int8-static"], report["candidates"]["int8-static-fallback"]
     allowed = report["allowed_drop"]
     assert plain["drop"] > allowed and not plain["passed"]
@@ -128,7 +120,7 @@ def test_refine_measures_each_top_suspect_alone_before_accumulating(temper, gate
     _unreachable_budget(gated_digits, fallback={"max_trials": 4, "refine": 2})
     out = tmp_path / "out"
     assert temper("run", gated_digits, "--output", out, "--require", "int8-static").code == 1
-    tuning = _report(out)["candidates"]["int8-static"]["tuning"]
+    tuning = read_report(out)["candidates"]["int8-static"]["tuning"]
     trials, ranking = tuning["trials"], [r["node"] for r in tuning["ranking"]]
     assert [t["kind"] for t in trials] == ["plain", "refine", "refine", "cumulative"]
     assert [t["float_nodes"] for t in trials[1:3]] == [[ranking[0]], [ranking[1]]]
@@ -153,7 +145,7 @@ def test_with_one_trial_the_plain_model_is_kept_and_the_ranking_still_reported(t
     _unreachable_budget(gated_digits, fallback={"max_trials": 1})
     out = tmp_path / "out"
     assert temper("run", gated_digits, "--output", out, "--require", "int8-static").code == 1
-    tuning = _report(out)["candidates"]["int8-static"]["tuning"]
+    tuning = read_report(out)["candidates"]["int8-static"]["tuning"]
     assert [t["kind"] for t in tuning["trials"]] == ["plain"] and not tuning["met"]
     assert tuning["ranking"], "the ranking tells the user what to exclude by hand"
 

@@ -12,14 +12,7 @@ from onnx import TensorProto
 
 from pipeline.recipe import QuantizeOptions
 from tests.conftest import REPO, edit_recipe
-
-SCHEMA = json.loads((REPO / "validators" / "report.schema.json").read_text())
-
-
-def _report(out: Path) -> dict:
-    report = json.loads((out / "report.json").read_text())
-    jsonschema.validate(report, SCHEMA)
-    return report
+from tests.unit.reports import read_report
 
 
 def _int8_initializer_types(path: Path) -> set[int]:
@@ -37,7 +30,7 @@ def test_a_search_builds_each_combination_up_to_max_trials_and_selects_the_faste
     out = tmp_path / "out"
     result = temper("run", gated_digits, "--output", out)
     assert result.code in (0, 1), result.stderr
-    report = _report(out)
+    report = read_report(out)
     trials = ["int8.preset-avx512_vnni.format-qdq", "int8.preset-avx512_vnni.format-qoperator", "int8.preset-avx2.format-qdq"]
     assert report["searches"] == {"int8": {"trials": trials, "combinations": 4}}
     assert list(report["candidates"]) == trials  # the 4th combination was not built
@@ -76,7 +69,7 @@ def test_require_with_the_search_name_passes_when_one_combination_passes(temper,
     edit_recipe(gated_digits, search)
     out = tmp_path / "out"
     result = temper("run", gated_digits, "--output", out, "--require", "int8")
-    report = _report(out)
+    report = read_report(out)
     trials = report["searches"]["int8"]["trials"]
     assert any(report["candidates"][t]["passed"] for t in trials)
     assert result.code == 0, result.stderr

@@ -1,4 +1,5 @@
-"""A hand-built report.json that the schema accepts, for the tests of what is made from one."""
+"""A hand-built report.json that the schema accepts, for the tests of what is made from one; and
+the one way tests read a written report.json: checked against the shipped schema."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 
 import jsonschema
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "validators" / "report.schema.json").read_text())
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "validators" / "report.schema.json"
+SCHEMA = json.loads(SCHEMA_FILE.read_text())
 
 INCONCLUSIVE = ("inconclusive: noise; speedup at batch 8 on cpu 1.10x [0.90, 1.30] (95%, 6 rounds, 30 s budget) "
                 "straddles 1.2; counted as a failure (validate.throughput.inconclusive)")
@@ -33,7 +35,7 @@ def gate(name: str, passed: bool, detail: str, verdict: str = "", interval: list
 def sample_report() -> dict[str, Any]:
     """Two candidates, neither passing: int8's speed gate is inconclusive, fp16 misses accuracy."""
     fidelity = {"name": "logits", "max_abs": 0.0123456, "mean_abs": 0.001, "p99_abs": 0.01, "max_rel": 0.05,
-                "cosine": 0.9999, "nonfinite": 0}
+                "cosine": 0.9999, "nonfinite": 0, "within_tolerance": False}
     report = {
         "schema_version": 2, "recipe": "toy", "metric": "top1",
         "baseline": {"metric": 0.95, "throughput": [measurement(4000.0)]},
@@ -59,4 +61,11 @@ def sample_report() -> dict[str, Any]:
         "selection_reason": REASON,
     }
     jsonschema.validate(report, SCHEMA)  # every test reads a report the CI contract allows
+    return report
+
+
+def read_report(output: Path) -> dict[str, Any]:
+    """A run's report.json, after checking it against the CI contract (validators/report.schema.json)."""
+    report = json.loads((output / "report.json").read_text())
+    jsonschema.validate(report, SCHEMA)
     return report

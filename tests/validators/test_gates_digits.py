@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import jsonschema
-
-from tests.conftest import REPO, edit_recipe
-
-SCHEMA = json.loads((REPO / "validators" / "report.schema.json").read_text())
-
-
-def _report(out: Path) -> dict:
-    report = json.loads((out / "report.json").read_text())
-    jsonschema.validate(report, SCHEMA)
-    return report
+from tests.conftest import edit_recipe
+from tests.unit.reports import read_report
 
 
 def _junit_failures(out: Path) -> set[tuple[str, str]]:
@@ -28,7 +18,7 @@ def test_sensible_budget_passes_and_selects_the_fastest_passing(temper, gated_di
     out = tmp_path / "out"
     result = temper("run", gated_digits, "--output", out)
     assert result.code == 0, result.stderr
-    report = _report(out)
+    report = read_report(out)
     assert report["passed"] and report["metric"] == "top1"
     assert report["baseline"]["metric"] > 0.95
     # Dynamic INT8 on a conv net is several times slower than FP32 on CPU: its speed gate must fail.
@@ -55,7 +45,7 @@ def test_impossible_budget_selects_the_baseline_and_says_why(temper, gated_digit
     assert result.code == 0, result.stderr
     assert "selected: baseline" in result.stdout
     assert "no candidate passed every gate on this host, so the FP32 baseline is selected" in result.stdout
-    report = _report(out)
+    report = read_report(out)
     assert report["passed"] is False and report["selected"] == "baseline"
     for name in ("fp16", "int8-static", "int8-dynamic"):
         assert f"{name} is " in report["selection_reason"]
@@ -77,7 +67,7 @@ def test_a_damaged_candidate_is_caught_by_the_accuracy_gate(temper, gated_digits
     out = tmp_path / "out"
     result = temper("run", gated_digits, "--output", out, "--require", "int8-static")
     assert result.code == 1
-    report = _report(out)
+    report = read_report(out)
     damaged = report["candidates"]["int8-static"]
     accuracy = next(g for g in damaged["gates"] if g["name"] == "accuracy")
     assert not accuracy["passed"] and damaged["drop"] > 0.01
@@ -91,7 +81,7 @@ def test_validate_regates_an_existing_folder_without_rebuilding(temper, gated_di
     manifest_before = (out / "manifest.json").read_bytes()
     edit_recipe(gated_digits, lambda d: d["validate"]["accuracy"].update(max_drop=0.0, metric="cosine"))
     result = temper("validate", gated_digits, "--output", out)
-    report = _report(out)
+    report = read_report(out)
     assert report["metric"] == "cosine" and report["allowed_drop"] == 0.0
     # INT8 embeddings are never bit-identical to FP32: a zero cosine budget fails them.
     assert not report["candidates"]["int8-static"]["passed"]

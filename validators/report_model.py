@@ -1,0 +1,235 @@
+"""report.json, the CI contract, as pydantic models: what `temper run` / `temper validate` write and
+every reader (report.md, junit.xml, MLflow publishing, the benchmarks) reads through.
+
+validators/report.schema.json is generated from these models, never edited by hand:
+
+    python -m validators.report_model > validators/report.schema.json
+
+(tests/unit/test_report_schema.py fails when the shipped file differs from the models.) Field order
+is the order report.json is written in. A change to what is written is a change to the contract:
+bump SCHEMA_VERSION when a key is renamed or removed, or changes meaning.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import GenerateJsonSchema
+
+from artifacts.host import HostProfile
+
+SCHEMA_VERSION = 2
+FILE = "report.json"
+
+Verdict = Literal["pass", "fail", "inconclusive"]
+Interval = tuple[float, float]  # a confidence interval: (low, high)
+
+
+class _Model(BaseModel):
+    """Every report object: no keys beyond the contract's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Gate(_Model):
+    """One check of one candidate: what was measured, against what budget, and the verdict
+    (validators.gates.Gate)."""
+
+    name: str = Field(description='"build", "accuracy", "fidelity.<output>.cosine", "throughput.cpu.b32", ...')
+    passed: bool
+    measured: float | None
+    budget: float | None
+    detail: str
+    verdict: Verdict = Field(description="inconclusive: a speed gate noise kept from deciding")
+    interval: Interval | None = Field(description="a speed gate's confidence interval of the speedup")
+
+
+class Comparison(_Model):
+    """One output of a candidate against the baseline's (validators.fidelity.OutputComparison)."""
+
+    name: str
+    max_abs: float
+    mean_abs: float
+    p99_abs: float
+    max_rel: float
+    cosine: float
+    nonfinite: int = Field(ge=0, description="NaN/Inf values in the candidate's output")
+    within_tolerance: bool = Field(description="numpy.allclose at atol = rtol = 0, and every value finite")
+
+
+class Latency(_Model):
+    """Percentiles of one inference call, in milliseconds."""
+
+    p50: float = Field(ge=0)
+    p90: float = Field(ge=0)
+    p95: float = Field(ge=0)
+    p99: float = Field(ge=0)
+
+
+class Load(_Model):
+    """What else ran while a batch size was measured (artifacts.host.Load)."""
+
+    load_1m: float | None
+    steal_pct: float | None
+    busy_pct: float | None
+
+
+class Measurement(_Model):
+    """Throughput of one model at one batch size on one provider (validators.throughput.Measurement):
+    the median of its interleaved slices."""
+
+    provider: Literal["cpu", "cuda", "tensorrt"]
+    batch_size: int = Field(ge=1)
+    runs: int = Field(ge=1, description="timed inference calls")
+    samples: int = Field(ge=1, description="runs * batch_size")
+    seconds: float = Field(gt=0, description="timed wall time")
+    samples_per_s: float = Field(gt=0)
+    latency_ms: Latency
+    peak_rss_mb: float = Field(gt=0, description="the whole process's resident set size, highest value sampled")
+    gpu_mem_mb: float | None = None
+    rounds: int = Field(ge=1, description="interleaved slices this figure is the median of")
+    spread_pct: float | None = Field(ge=0, description="(fastest - slowest slice) / median, in %")
+    load: Load | None
+
+
+class CandidateMeasurement(Measurement):
+    """A candidate's measurement, with its speedup over the baseline's at the same batch size."""
+
+    speedup: float = Field(gt=0, description="geometric mean of the paired per-round ratios")
+    speedup_interval: Interval | None = Field(description="its confidence interval (null below two rounds)")
+
+
+class Trial(_Model):
+    """One model the quantize fallback built and scored."""
+
+    kind: Literal["plain", "refine", "cumulative"]
+    float_nodes: list[str]
+    metric: float
+    drop: float
+    cosine: float
+    samples_per_s: float | None
+    passed: bool = Field(description="the accuracy budget and every fidelity gate hold")
+
+
+class NodeSensitivity(_Model):
+    """One quantized node's SQNR (pipeline.steps.sensitivity.NodeSensitivity)."""
+
+    node: str
+    op_type: str
+    block: str
+    sqnr_db: float
+    accumulated_db: float | None
+
+
+class Tuning(_Model):
+    """The quantize fallback (tuning.json): every trial, and the SQNR ranking (most harmful first)."""
+
+    metric: str
+    baseline_metric: float
+    allowed_drop: float
+    met: bool
+    best: int = Field(ge=0, description="index of the kept trial")
+    max_trials: int = Field(ge=1)
+    trials: list[Trial] = Field(min_length=1)
+    ranking: list[NodeSensitivity]
+
+
+class Candidate(_Model):
+    """Everything decided about one candidate."""
+
+    passed: bool = Field(description="every gate passed")
+    precision: str | None = Field(description="fp32, fp16, int8-static or int8-dynamic")
+    bytes: int | None = Field(ge=0, description="the model file's size (null: it did not build)")
+    metric: float | None
+    drop: float | None
+    gates: list[Gate] = Field(min_length=1)
+    fidelity: list[Comparison]
+    throughput: list[CandidateMeasurement]
+    tuning: Tuning | None
+
+
+class Baseline(_Model):
+    metric: float | None
+    throughput: list[Measurement]
+
+
+class Target(_Model):
+    """What quantize's preset auto resolved to, and why."""
+
+    target: str
+    preset: str | None
+    reason: str
+
+
+class SpeedPolicy(_Model):
+    """How speed gates decide."""
+
+    min_speedup: float | None
+    gated_batch_sizes: list[Annotated[int, Field(ge=1)]]
+    confidence: float = Field(gt=0, lt=1)
+    max_duration_s: float = Field(gt=0)
+    inconclusive: Literal["fail", "pass"]
+
+
+class Search(_Model):
+    """A candidate whose options listed alternatives: the combinations built, and how many there were."""
+
+    trials: list[str]
+    combinations: int = Field(ge=1)
+
+
+class Report(_Model):
+    """The machine-readable verdict of `temper run` / `temper validate`: the contract CI jobs read."""
+
+    model_config = ConfigDict(title="temper report.json")
+
+    schema_version: Literal[2]
+    recipe: str
+    host: HostProfile = Field(description="the machine every figure was measured on")
+    target: Target | None = Field(description="what quantize's preset auto resolved to, and why")
+    metric: str | None
+    baseline: Baseline
+    allowed_drop: float | None = Field(ge=0)
+    speed_policy: SpeedPolicy | None = Field(description="how speed gates decide (null without validate.throughput)")
+    candidates: dict[str, Candidate]
+    searches: dict[str, Search] = Field(
+        description="candidates whose options listed alternatives: the combinations built")
+    select: Literal["fastest-passing", "smallest-passing"]
+    selected: str = Field(description="the selected candidate, or baseline when no candidate passed")
+    selection_reason: str | None = Field(description="why the baseline was selected (null when a candidate was)")
+    passed: bool = Field(description="a candidate passed every gate")
+
+
+def dumps(report: Report) -> str:
+    """report.json's text: two-space indents, keys in the models' order, NaN as json.dumps writes it."""
+    return json.dumps(report.model_dump(), indent=2) + "\n"
+
+
+def load(path: Path) -> Report:
+    """A report.json as written by `dumps`; pydantic.ValidationError when it is not one."""
+    return Report.model_validate(json.loads(path.read_text()))
+
+
+class _NoFieldTitles(GenerateJsonSchema):
+    """Leave out the "title" pydantic derives from every field's name: it repeats the key."""
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+
+def report_schema() -> dict[str, Any]:
+    """The JSON Schema of report.json (draft 2020-12)."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            **Report.model_json_schema(schema_generator=_NoFieldTitles)}
+
+
+def schema_text() -> str:
+    """validators/report.schema.json's text."""
+    return json.dumps(report_schema(), indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    print(schema_text(), end="")

@@ -10,7 +10,7 @@ import jsonschema
 import onnx
 from onnx import TensorProto
 
-from pipeline.recipe import QuantizeOptions
+from pipeline.step_options import QuantizeOptions
 from tests.conftest import REPO, edit_recipe
 
 SCHEMA = json.loads((REPO / "validators" / "report.schema.json").read_text())

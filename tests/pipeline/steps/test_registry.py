@@ -106,11 +106,27 @@ def _module_imports(path: Path) -> set[str]:
     return found
 
 
+def _all_imports(path: Path) -> set[str]:
+    """Every module a file names in an import, function bodies included."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+# Recipe.precision asks the registry until pipeline/gating.py and pipeline/publishing.py call
+# pipeline.steps.precision_of themselves; then it goes, and so does this exception.
+TRANSITIONAL = {"pipeline.recipe": {"pipeline.steps", "pipeline.steps.precision_of"}}
+
+
 def test_core_contracts_import_no_step_and_validators_only_core_contracts():
     core = {"pipeline.recipe", "pipeline.step_options", "pipeline.presets", "pipeline.errors"}
     for module in core:
-        imported = _module_imports(REPO / (module.replace(".", "/") + ".py"))
+        imported = _all_imports(REPO / (module.replace(".", "/") + ".py")) - TRANSITIONAL.get(module, set())
         assert not {m for m in imported if m.startswith(("pipeline.steps", "pipeline.loading", "pipeline.search"))}, module
+        assert not {m for m in _module_imports(REPO / (module.replace(".", "/") + ".py"))
+                    if m.startswith("pipeline.steps")}, module
     scoring = _module_imports(REPO / "validators" / "scoring.py")
     assert not {m for m in scoring if m.startswith("pipeline.steps")}
 

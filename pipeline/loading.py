@@ -15,8 +15,9 @@ from pydantic import BaseModel, ValidationError
 
 from pipeline import presets
 from pipeline.errors import RecipeError
-from pipeline.recipe import QuantizeOptions, Recipe
-from pipeline.search import Search, expand
+from pipeline.recipe import Recipe
+from pipeline.search import RefusedAlternative, Search, expand
+from pipeline.steps import STEPS
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,10 @@ def load_recipe(path: Path) -> LoadedRecipe:
         raise RecipeError(file, where, f"YAML syntax error: {exc.problem}") from None
     if not isinstance(data, dict):
         raise RecipeError(file, "", "a recipe is a YAML mapping with keys version, name, model, candidates, ...")
-    data, searches = expand(data, file)
+    try:
+        data, searches = expand(data, file)
+    except RefusedAlternative as refused:
+        raise RecipeError(file, refused.at, describe(refused.error, refused.data)[1]) from None
     target = data.get("target", presets.HOST)  # an unknown target is refused below, with its key
     choice = presets.choose(target if target in presets.TARGETS else presets.HOST)
     try:
@@ -89,13 +93,15 @@ def _in_user_terms(key: str, message: str, searches: dict[str, Search]) -> tuple
 
 
 def _fallbacks_have_a_budget(recipe: Recipe, file: str, searches: dict[str, Search]) -> None:
+    """A step aiming at the accuracy budget (quantize's fallback) needs one, named at its option."""
     if recipe.validation is not None and recipe.validation.accuracy is not None:
         return
     for name, candidate in recipe.candidates.items():
-        for index, step in enumerate(candidate.steps):
-            if isinstance(step.options, QuantizeOptions) and step.options.fallback is not None:
+        for index, spec in enumerate(candidate.steps):
+            step = STEPS[spec.name]
+            if step.uses_evaluation(spec.options):
                 raise RecipeError(file, *_in_user_terms(
-                    f"candidates.{name}.steps[{index}].quantize.fallback",
+                    f"candidates.{name}.steps[{index}].{spec.name}.{step.budget_option}",
                     "aims at the accuracy budget, but the recipe has no validate.accuracy: "
                     "add one, e.g. validate: {accuracy: {metric: top1, max_drop: 0.01}}", searches))
 

@@ -1,4 +1,9 @@
-"""`temper sensitivity`: the SQNR ranking of a candidate's static quantize step, without tuning."""
+"""`temper sensitivity`: the SQNR ranking of a candidate's static quantize step, without tuning.
+
+The command's side only: it finds the candidate's step and builds what comes before it through the
+runner; the ranking itself is the quantize step's (pipeline/steps/quantize/sensitivity.py). It stays
+out of pipeline/steps/ because it drives the Runner, which imports the steps.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,17 @@ import io
 
 from pipeline import onnx_io
 from pipeline.errors import RecipeError
-from pipeline.recipe import FallbackOptions, QuantizeOptions
 from pipeline.runner import Runner
-from pipeline.steps import quantize_static, sensitivity
-from pipeline.steps.fallback import first_samples
-from pipeline.steps.quantize import calibration_feeds, needs_external_data
+from pipeline.step_options import FallbackOptions, QuantizeOptions
+from pipeline.steps.quantize import (
+    Quantize,
+    calibration_feeds,
+    needs_external_data,
+    quantize_static,
+    rankable,
+    sensitivity,
+)
+from pipeline.steps.quantize.fallback import first_samples
 
 
 def rank_candidate(runner: Runner, name: str, samples: int | None) -> list[sensitivity.NodeSensitivity]:
@@ -23,8 +34,7 @@ def rank_candidate(runner: Runner, name: str, samples: int | None) -> list[sensi
                 else f"candidates: {', '.join(recipe.candidates)}")
         raise RecipeError(file, "--candidate", f"no candidate named '{name}'; {hint}")
     steps = recipe.candidates[name].steps
-    index = next((i for i, s in enumerate(steps) if isinstance(s.options, QuantizeOptions)
-                  and s.options.mode == "static" and s.options.backend == "ort"), None)
+    index = next((i for i, s in enumerate(steps) if s.name == Quantize.name and rankable(s.options)), None)
     if index is None:
         raise RecipeError(file, f"candidates.{name}.steps", "has no static quantize step (mode: static, backend: ort): "
                                                            "the ranking measures what static INT8 does to each node")

@@ -1,5 +1,6 @@
-"""The recipe schema: one pydantic model per section and per step, so YAML, JSON Schema and
-Python share a single definition. Every model forbids unknown keys."""
+"""The recipe schema: one pydantic model per section, so YAML, JSON Schema and Python share a single
+definition. Every model forbids unknown keys. The per-step options models live in
+pipeline.step_options; `StepSpec` here gathers them into the one-key mapping a step is."""
 
 from __future__ import annotations
 
@@ -7,18 +8,10 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PositiveInt,
-    StringConstraints,
-    ValidationInfo,
-    model_validator,
-)
+from pydantic import BaseModel, BeforeValidator, Field, PositiveInt, StringConstraints, model_validator
 
 from pipeline import presets
+from pipeline.step_options import FixShapesOptions, Fp16Options, QuantizeOptions, SimplifyOptions, Strict
 
 Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.:/-]*$")]
 # "path/to/file.py:function", resolved relative to the recipe's folder.
@@ -42,13 +35,6 @@ def _name(value: Any) -> str:
 CandidateName = Annotated[str, BeforeValidator(_name)]
 Dim = Annotated[int | str, BeforeValidator(_dim)]
 DType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
-
-
-class Strict(BaseModel):
-    """Unknown keys are errors, and so are values of the wrong type: YAML's `batch_size: true` or
-    `per_channel: "no"` must not quietly become 1 or True."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
 
 class InputSpec(Strict):
@@ -115,92 +101,6 @@ class DataSource(Strict):
 class DataSpec(Strict):
     calibration: DataSource | None = None
     evaluation: DataSource | None = None
-
-
-class SimplifyOptions(Strict):
-    """onnx-simplifier: constant folding and redundant-node elimination."""
-
-    skip_fuse_bn: bool = False
-    check_n: int = Field(1, ge=0, description="random-input comparisons onnxsim runs against the input model")
-
-
-class FixShapesOptions(Strict):
-    """Make symbolic dims concrete, by dim name (all inputs) or per input (full shape)."""
-
-    dims: dict[str, PositiveInt] = Field(default_factory=dict)
-    inputs: dict[str, list[PositiveInt]] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _something(self) -> FixShapesOptions:
-        if not self.dims and not self.inputs:
-            raise ValueError("give 'dims' (e.g. {batch: 1, seq: 128}) or 'inputs' (e.g. {pixels: [1, 1, 8, 8]})")
-        return self
-
-
-class Fp16Options(Strict):
-    """FP16 conversion with ONNX Runtime's converter; one real batch must run without NaN/Inf."""
-
-    keep_io_types: bool = True
-    op_block_list: list[str] | None = Field(None, description="op types kept in FP32 (default: ONNX Runtime's list)")
-    node_block_list: list[str] = Field(default_factory=list, description="node names kept in FP32")
-
-
-class FallbackOptions(Strict):
-    """Accuracy-aware fallback for static INT8: keep the nodes that hurt most in float until the
-    validate.accuracy budget (and validate.fidelity) hold, ranked by the SQNR of their tensors on calibration data."""
-
-    max_trials: PositiveInt = Field(12, description="quantize-and-evaluate rounds at most, the plain INT8 model included")
-    refine: int = Field(0, ge=0, description="re-rank this many top suspects by the real metric, each kept in float alone "
-                                              "(each costs a trial)")
-    samples: PositiveInt = Field(64, description="calibration samples the SQNR ranking runs on")
-
-
-class QuantizeOptions(Strict):
-    """INT8 quantization. `mode: dynamic` needs no data; `mode: static` calibrates on the recipe's data."""
-
-    mode: Literal["dynamic", "static"]
-    preset: Literal[(presets.AUTO, *presets.PRESETS)] | None = Field(  # type: ignore[valid-type]
-        None, description="target preset (see pipeline/presets.py): fills the options this step leaves unset. "
-        "In a recipe a step without one is auto: the preset for the recipe's target; null keeps ONNX Runtime's defaults")
-    backend: Literal["ort", "modelopt"] = "ort"
-    format: Literal["qdq", "qoperator"] = "qdq"
-    per_channel: bool = False
-    reduce_range: bool = False
-    calibration: Literal["minmax", "entropy", "percentile"] = "minmax"
-    percentile: float = Field(99.999, gt=0, le=100, description="for calibration: percentile")
-    num_bins: PositiveInt = Field(2048, description="histogram bins for entropy/percentile calibration")
-    activation_type: Literal["int8", "uint8"] = "int8"
-    weight_type: Literal["int8", "uint8"] = "int8"
-    symmetric_activations: bool = Field(False, description="zero point 0 for activations (TensorRT needs it)")
-    symmetric_weights: bool | None = Field(None, description="zero point 0 for weights (default: ONNX Runtime's, "
-                                                             "symmetric for int8 weights)")
-    dedicated_qdq_pairs: bool = Field(False, description="a Q/DQ pair per consumer and on every weight (for TensorRT)")
-    exclude_nodes: list[str] = Field(default_factory=list, description="node names kept in float")
-    exclude_op_types: list[str] = Field(default_factory=list, description="op types kept in float")
-    fallback: FallbackOptions | None = Field(None, description="keep harmful nodes in float until validate.accuracy holds")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _preset(cls, value: Any, info: ValidationInfo) -> Any:
-        """Resolve the preset before validation; the loader passes the recipe's target as context."""
-        choice = (info.context or {}).get("preset_choice")
-        return presets.fill(value, choice) if isinstance(value, dict) else value
-
-    @model_validator(mode="after")
-    def _consistent(self) -> QuantizeOptions:
-        static_only = {"format", "calibration", "percentile", "num_bins", "activation_type", "symmetric_activations",
-                       "dedicated_qdq_pairs", "fallback"}
-        if self.mode == "dynamic":
-            misplaced = sorted(static_only & self.model_fields_set)
-            if misplaced:
-                raise ValueError(f"{', '.join(repr(m) for m in misplaced)}: only for mode: static")
-            if self.backend != "ort":
-                raise ValueError("mode: dynamic is implemented by backend: ort only")
-        if self.backend == "modelopt" and self.format != "qdq":
-            raise ValueError("backend: modelopt writes QDQ graphs only (format: qdq)")
-        if self.backend == "modelopt" and self.fallback is not None:
-            raise ValueError("fallback tunes ONNX Runtime's quantizer: it needs backend: ort")
-        return self
 
 
 class StepSpec(Strict):
@@ -397,14 +297,14 @@ class Recipe(Strict):
     publish: PublishSpec | None = Field(None, description="register the selected candidate and its serving runtime in MLflow")
 
     def precision(self, candidate: str) -> str:
-        """fp32, fp16, int8-static or int8-dynamic: what a candidate's steps make of the baseline."""
-        label = "fp32"
-        for step in self.candidates[candidate].steps if candidate in self.candidates else ():
-            if step.name == "quantize":
-                label = f"int8-{step.options.mode}"
-            elif step.name == "fp16" and label == "fp32":
-                label = "fp16"
-        return label
+        """fp32, fp16, int8-static or int8-dynamic: what a candidate's steps make of the baseline.
+
+        Each step declares its own label (`Step.precision`); this asks the step registry. Kept for the
+        callers that hold a Recipe (gating, publishing) until they call pipeline.steps.precision_of.
+        """
+        from pipeline.steps import precision_of  # the registry imports this module
+
+        return precision_of(self.candidates[candidate].steps if candidate in self.candidates else [])
 
     @model_validator(mode="after")
     def _names(self) -> Recipe:

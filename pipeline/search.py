@@ -20,16 +20,23 @@ from typing import Any
 from pydantic import ValidationError
 
 from pipeline.errors import RecipeError
-from pipeline.recipe import Fp16Options, QuantizeOptions, StepSpec
+from pipeline.recipe import StepSpec
+from pipeline.steps import STEPS, searchable
 
-# Scalar options whose list value means "try each"; list-valued options (exclude_nodes) are not searched.
-SEARCHABLE = {
-    "quantize": ("preset", "format", "per_channel", "reduce_range", "calibration", "activation_type", "weight_type",
-                 "symmetric_activations", "symmetric_weights"),
-    "fp16": ("keep_io_types",),
-}
-OPTION_MODELS = {"quantize": QuantizeOptions, "fp16": Fp16Options}
+# Scalar options whose list value means "try each" (each step's `searchable`); list-valued options
+# (exclude_nodes) are not searched. OPTION_MODELS: their options models, for `temper schema`.
+SEARCHABLE = searchable()
+OPTION_MODELS = {name: STEPS[name].options_model for name in SEARCHABLE}
 DEFAULT_MAX_TRIALS = 16
+
+
+class RefusedAlternative(Exception):
+    """One listed alternative the schema refuses: `at` is its place in the recipe, `error` pydantic's
+    error on the step `data` holding it. The loader words it (pipeline.loading.describe)."""
+
+    def __init__(self, at: str, error: Any, data: dict[str, Any]) -> None:
+        super().__init__(at)
+        self.at, self.error, self.data = at, error, data
 
 
 @dataclass(frozen=True)
@@ -43,7 +50,8 @@ class Search:
 
 def expand(data: dict[str, Any], file: str) -> tuple[dict[str, Any], dict[str, Search]]:
     """The recipe data with every searched candidate replaced by its combinations (in order, the
-    first value of each list first), and what was searched."""
+    first value of each list first), and what was searched. Raises RecipeError for a malformed
+    search, RefusedAlternative for a listed value the schema refuses."""
     candidates = data.get("candidates")
     if not isinstance(candidates, dict):
         return data, {}
@@ -94,15 +102,13 @@ def _axes(spec: dict[str, Any], where: str, file: str) -> list[_Axis]:
             if not values:
                 raise RecipeError(file, at, "an empty list of alternatives: give at least one value (or a single value)")
             for position, value in enumerate(values):
-                _check_value(kind, options, key, value, f"{at}[{position}]", file)
+                _check_value(kind, options, key, value, f"{at}[{position}]")
             axes.append(_Axis(index, kind, key, values))
     return axes
 
 
-def _check_value(kind: str, options: dict[str, Any], key: str, value: Any, at: str, file: str) -> None:
+def _check_value(kind: str, options: dict[str, Any], key: str, value: Any, at: str) -> None:
     """Refuse an alternative the schema would refuse, naming it by its place in the list."""
-    from pipeline.loading import describe  # loading imports this module
-
     probe = {k: (v[0] if k in SEARCHABLE[kind] and isinstance(v, list) and v else v) for k, v in options.items()}
     probe[key] = value
     try:
@@ -110,7 +116,7 @@ def _check_value(kind: str, options: dict[str, Any], key: str, value: Any, at: s
     except ValidationError as exc:
         for error in exc.errors():
             if error["loc"][-1:] == (key,):
-                raise RecipeError(file, at, describe(error, {kind: probe})[1]) from None
+                raise RefusedAlternative(at, error, {kind: probe}) from None
 
 
 def _max_trials(spec: dict[str, Any], where: str, file: str) -> int:

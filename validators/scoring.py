@@ -11,13 +11,22 @@ import numpy as np
 from calibration.sources import Dataset
 from pipeline.errors import RecipeError
 from pipeline.recipe import ValidateSpec
-from pipeline.steps.base import Score
 from validators import metrics
 from validators.evaluate import predict
 from validators.fidelity import compare, fidelity_gates
 from validators.throughput import measure
 
 TRIAL_SPEED_S = 0.5  # a trial's speed is for its report line; the gates measure properly later
+
+
+@dataclass(frozen=True)
+class Score:
+    """One model against the recipe's accuracy and fidelity gates on the evaluation set."""
+
+    metric: float
+    drop: float  # from the baseline; the accuracy gate holds when drop <= allowed_drop
+    cosine: float  # the lowest cosine to the baseline over the outputs
+    fidelity_failed: list[str]  # names of the fidelity gates that failed
 
 
 @dataclass(frozen=True)

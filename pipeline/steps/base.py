@@ -1,4 +1,14 @@
-"""The step interface: ONNX file in, ONNX file out, options from one pydantic model."""
+"""The step interface: ONNX file in, ONNX file out, options from one pydantic model.
+
+A step declares everything the rest of temper asks about it on its class: its options model, whether
+its output depends on the calibration or evaluation data, the precision it leaves the model in, and
+which options a recipe may search. The registry (pipeline/steps/__init__.py) and pipeline/search.py
+read these declarations; nothing else keeps a table of step names.
+
+The registry is read while a recipe loads, before any model is built, so a step module imports what
+pulls in torch (onnxsim, onnxruntime.tools) where it runs, never at module level
+(tests/pipeline/steps/test_registry.py holds the loader to that).
+"""
 
 from __future__ import annotations
 
@@ -7,27 +17,21 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
-import onnx
 from pydantic import BaseModel
 
 from pipeline.errors import OptionError, StepFailed
 from pipeline.recipe import InputSpec
 
+if TYPE_CHECKING:
+    import onnx
+
+    from validators.scoring import Score
+
 Batch = dict[str, np.ndarray]
 Options = TypeVar("Options", bound=BaseModel)
-
-
-@dataclass(frozen=True)
-class Score:
-    """One model against the recipe's accuracy and fidelity gates on the evaluation set."""
-
-    metric: float
-    drop: float  # from the baseline; the accuracy gate holds when drop <= allowed_drop
-    cosine: float  # the lowest cosine to the baseline over the outputs
-    fidelity_failed: list[str]  # names of the fidelity gates that failed
 
 
 class Scorer(Protocol):
@@ -64,6 +68,13 @@ class Step(ABC, Generic[Options]):
     """A registered step. `validate` is cheap and runs before `run` (and in `temper check`)."""
 
     name: ClassVar[str]
+    """The key a recipe writes (`- quantize: {...}`): StepSpec's field holding `options_model`."""
+    options_model: ClassVar[type[BaseModel]]
+    """The pydantic model of its options (in pipeline.step_options)."""
+    searchable: ClassVar[tuple[str, ...]] = ()
+    """Scalar options whose list value in a recipe means "try each" (pipeline/search.py expands them)."""
+    budget_option: ClassVar[str | None] = None
+    """The option that, when set, makes the step aim at validate.accuracy (quantize: fallback)."""
 
     def uses_calibration(self, options: Options) -> bool:
         """True when the output depends on the calibration data, which then joins the cache key."""
@@ -71,7 +82,11 @@ class Step(ABC, Generic[Options]):
 
     def uses_evaluation(self, options: Options) -> bool:
         """True when the output depends on the accuracy gate (data, metric, budget, baseline): all join the key."""
-        return False
+        return self.budget_option is not None and getattr(options, self.budget_option) is not None
+
+    def precision(self, options: Options) -> str | None:
+        """The number format the step leaves the weights in (fp16, int8-static...); None: it keeps the input's."""
+        return None
 
     def validate(self, model: onnx.ModelProto, options: Options) -> None:
         """Raise OptionError(key, message) when an option names something the graph lacks."""
@@ -95,3 +110,12 @@ def require_known(key: str, what: str, wanted: list[str], present: list[str]) ->
         else:
             hint = f"the graph has no named {what}s"
         raise OptionError(f"{key}[{index}]", f"{what} '{name}' is not in the graph; {hint}")
+
+
+def __getattr__(name: str) -> Any:
+    """`Score` moved to validators.scoring (the gates' side); old imports of it from here keep working."""
+    if name == "Score":
+        from validators.scoring import Score
+
+        return Score
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,11 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx
-from onnxruntime.tools.onnx_model_utils import make_dim_param_fixed
 
 from pipeline.errors import OptionError, StepFailed, first_line
 from pipeline.onnx_io import dims, load_structure, save
-from pipeline.recipe import FixShapesOptions
+from pipeline.step_options import FixShapesOptions
 from pipeline.steps.base import Step, StepContext
 
 Shape = list[int | str | None]
@@ -47,6 +46,7 @@ def _check_input(name: str, given: list[int], have: Shape, bound: dict[str, tupl
 
 class FixShapes(Step[FixShapesOptions]):
     name = "fix_shapes"
+    options_model = FixShapesOptions
 
     def validate(self, model: onnx.ModelProto, options: FixShapesOptions) -> None:
         shapes = dims(model)
@@ -70,7 +70,7 @@ class FixShapes(Step[FixShapesOptions]):
         model = load_structure(src)
         try:
             for dim, value in options.dims.items():
-                make_dim_param_fixed(model.graph, dim, value)
+                _fix_dim(model.graph, dim, value)
             shared = _shared_names(model, options)
             for name, shape in options.inputs.items():
                 _fix_input(model.graph, name, shape, shared)
@@ -111,10 +111,17 @@ def _fix_input(graph: onnx.GraphProto, name: str, shape: list[int], shared: dict
     value = next(v for v in graph.input if v.name == name)
     for dim, size in zip(value.type.tensor_type.shape.dim, shape):
         if dim.HasField("dim_param") and dim.dim_param in shared:
-            make_dim_param_fixed(graph, dim.dim_param, size)  # every input and output that shares the name
+            _fix_dim(graph, dim.dim_param, size)  # every input and output that shares the name
         elif not dim.HasField("dim_value") or dim.dim_value <= 0:  # some exporters write -1 for "any"
             dim.Clear()
             dim.dim_value = size
+
+
+def _fix_dim(graph: onnx.GraphProto, name: str, size: int) -> None:
+    """ONNX Runtime's make_dim_param_fixed, imported here: onnxruntime.tools imports torch."""
+    from onnxruntime.tools.onnx_model_utils import make_dim_param_fixed
+
+    make_dim_param_fixed(graph, name, size)
 
 
 def _forget_negative_dims(graph: onnx.GraphProto) -> None:

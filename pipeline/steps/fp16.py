@@ -22,7 +22,7 @@ from onnxruntime.transformers.onnx_model import OnnxModel
 
 from pipeline.errors import OptionError, StepFailed, first_line
 from pipeline.onnx_io import Batch, fit_batch, load_structure, save, session
-from pipeline.recipe import Fp16Options
+from pipeline.step_options import Fp16Options
 from pipeline.steps.base import Step, StepContext, require_known
 
 HINT = "keep the nodes it names in FP32 with node_block_list, or their op types with op_block_list"
@@ -137,6 +137,11 @@ def _blame(name: str, twin: str | None, full: onnx.ModelProto, node: onnx.NodePr
 
 class Fp16(Step[Fp16Options]):
     name = "fp16"
+    options_model = Fp16Options
+    searchable = ("keep_io_types",)
+
+    def precision(self, options: Fp16Options) -> str:
+        return "fp16"
 
     def validate(self, model: onnx.ModelProto, options: Fp16Options) -> None:
         nodes = list(_nodes(model.graph))

@@ -11,11 +11,9 @@ import contextlib
 import io
 from pathlib import Path
 
-import onnxsim
-
 from pipeline.errors import StepFailed, first_line
 from pipeline.onnx_io import dims, fit_batch, load_structure, save, session
-from pipeline.recipe import SimplifyOptions
+from pipeline.step_options import SimplifyOptions
 from pipeline.steps.base import Step, StepContext
 
 
@@ -32,8 +30,11 @@ def _check_shapes(src: Path, ctx: StepContext) -> dict[str, list[int]] | None:
 
 class Simplify(Step[SimplifyOptions]):
     name = "simplify"
+    options_model = SimplifyOptions
 
     def run(self, src: Path, dst: Path, options: SimplifyOptions, ctx: StepContext) -> None:
+        import onnxsim  # imports torch: only when a model is simplified
+
         shapes = _check_shapes(src, ctx) if options.check_n else None
         log = io.StringIO()
         try:

@@ -7,7 +7,7 @@ import pytest
 
 from artifacts.host import HostProfile, profile
 from pipeline import presets
-from pipeline.recipe import QuantizeOptions
+from pipeline.step_options import QuantizeOptions
 
 
 def _host(cpu: str, arch: str, features: list[str], known: bool = True) -> HostProfile:

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pipeline import onnx_io
 from pipeline.errors import OptionError, StepFailed
-from pipeline.recipe import FixShapesOptions
+from pipeline.step_options import FixShapesOptions
 from pipeline.steps.fix_shapes import FixShapes
 
 STEP = FixShapes()

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pipeline import onnx_io
 from pipeline.errors import OptionError, StepFailed
-from pipeline.recipe import Fp16Options
+from pipeline.step_options import Fp16Options
 from pipeline.steps.fp16 import Fp16
 
 STEP = Fp16()

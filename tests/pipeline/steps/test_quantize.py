@@ -12,10 +12,10 @@ from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, Q
 
 from pipeline import onnx_io
 from pipeline.errors import EnvironmentProblem, OptionError, RecipeError, StepFailed
-from pipeline.recipe import InputSpec, QuantizeOptions
-from pipeline.steps import quantize_modelopt
+from pipeline.recipe import InputSpec
+from pipeline.step_options import QuantizeOptions
 from pipeline.steps.base import Batch, StepContext
-from pipeline.steps.quantize import Quantize
+from pipeline.steps.quantize import Quantize, quantize_modelopt
 
 STEP = Quantize()
 FLOAT_OPS = {"Conv", "MatMul", "Gemm"}

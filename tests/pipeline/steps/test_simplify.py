@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pipeline import onnx_io
 from pipeline.errors import StepFailed
-from pipeline.recipe import SimplifyOptions
+from pipeline.step_options import SimplifyOptions
 from pipeline.steps.simplify import Simplify
 
 STEP = Simplify()

@@ -14,7 +14,7 @@ import onnx
 
 from pipeline import onnx_io
 from pipeline.errors import EnvironmentProblem, OptionError
-from pipeline.recipe import QuantizeOptions
+from pipeline.step_options import QuantizeOptions
 from pipeline.steps.base import Batch
 
 METHODS = {"minmax": "max", "entropy": "entropy"}

@@ -30,7 +30,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from pipeline import onnx_io
 from pipeline.errors import OptionError, StepFailed, first_line
-from pipeline.recipe import QuantizeOptions
+from pipeline.step_options import QuantizeOptions
 from pipeline.steps.base import Batch
 
 METHODS = {

@@ -17,21 +17,25 @@ import onnx
 
 from pipeline import onnx_io
 from pipeline.errors import OptionError, StepFailed, TemperError, first_line
-from pipeline.recipe import QuantizeOptions
-from pipeline.steps import fallback, quantize_dynamic, quantize_modelopt, quantize_static
+from pipeline.step_options import QuantizeOptions
 from pipeline.steps.base import Batch, Step, StepContext, require_known
+from pipeline.steps.quantize import fallback, quantize_dynamic, quantize_modelopt, quantize_static
 
 
 class Quantize(Step[QuantizeOptions]):
     """INT8 quantization; static modes calibrate on the recipe's calibration set."""
 
     name: ClassVar[str] = "quantize"
+    options_model = QuantizeOptions
+    searchable = ("preset", "format", "per_channel", "reduce_range", "calibration", "activation_type", "weight_type",
+                  "symmetric_activations", "symmetric_weights")
+    budget_option = "fallback"
 
     def uses_calibration(self, options: QuantizeOptions) -> bool:
         return options.mode == "static"
 
-    def uses_evaluation(self, options: QuantizeOptions) -> bool:
-        return options.fallback is not None
+    def precision(self, options: QuantizeOptions) -> str:
+        return f"int8-{options.mode}"
 
     def validate(self, model: onnx.ModelProto, options: QuantizeOptions) -> None:
         nodes = [node.name for node in model.graph.node if node.name]
@@ -73,6 +77,11 @@ class Quantize(Step[QuantizeOptions]):
                 lambda: quantize_modelopt.quantize(src, dst, options, feeds, ctx.scratch, large),
             )
         _check_runs(dst, ctx.sample())
+
+
+def rankable(options: QuantizeOptions) -> bool:
+    """The SQNR ranking (`temper sensitivity`, the fallback) measures ONNX Runtime's static INT8."""
+    return options.mode == "static" and options.backend == "ort"
 
 
 def calibration_feeds(model: onnx.ModelProto, batches: list[Batch]) -> list[Batch]:

@@ -7,7 +7,7 @@ from pipeline.callables import load_callable
 from pipeline.errors import OptionError, RecipeError
 from pipeline.gating import preflight
 from pipeline.runner import Runner
-from pipeline.steps import STEPS
+from pipeline.steps import STEPS, uses_calibration
 
 
 def check(runner: Runner, tracking: str | None = None) -> list[str]:
@@ -26,7 +26,7 @@ def check(runner: Runner, tracking: str | None = None) -> list[str]:
     steps = [(f"steps[{i}]", s) for i, s in enumerate(recipe.steps)]
     for name, candidate in recipe.candidates.items():
         steps += [(f"candidates.{name}.steps[{i}]", s) for i, s in enumerate(candidate.steps)]
-    if any(STEPS[s.name].uses_calibration(s.options) for _, s in steps):
+    if uses_calibration(s for _, s in steps):
         done.append(f"calibration: {len(runner.calibration_batches)} full batches")
     baseline = runner.baseline()[-1]
     done.append(f"baseline model builds ({baseline.bytes:,} bytes{', cached' if baseline.cached else ''})")

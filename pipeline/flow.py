@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pipeline.cache import StepCache
 from pipeline.errors import RecipeError
@@ -17,15 +17,16 @@ from pipeline.runner import Observer, Runner, RunResult
 
 if TYPE_CHECKING:
     from artifacts.registry import Published
+    from validators.report_model import Report
 
 
 @dataclass
 class Outcome:
-    """What `temper run` (or `validate`) decided. `report` is report.json's content, None when the
+    """What `temper run` (or `validate`) decided. `report` is report.json's model, None when the
     recipe has no validate section (then nothing was gated)."""
 
     folder: Path
-    report: dict[str, Any] | None
+    report: Report | None
     result: RunResult | None = None
     missed: list[str] = field(default_factory=list)  # --require'd candidates that did not pass
 
@@ -56,7 +57,7 @@ def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[s
     from pipeline.gating import from_run, precheck, preflight
     from pipeline.outputs import OutputFolder
     from validators import report
-    from validators.validation import as_report, validate
+    from validators.validation import build_report, validate
 
     check_required(loaded, require)
     folder = OutputFolder(output)
@@ -67,7 +68,7 @@ def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[s
             result = runner.run()
             verdict = None
             if loaded.recipe.validation is not None:
-                verdict = as_report(validate(from_run(runner, result), runner.observer.note))
+                verdict = build_report(validate(from_run(runner, result), runner.observer.note))
         target = folder.commit(loaded, result, (lambda d: report.write(verdict, d)) if verdict else None)
     finally:
         folder.discard()
@@ -82,13 +83,13 @@ def revalidate(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require:
     """Validate an existing output folder again (new budgets, another host) and rewrite its reports."""
     from pipeline.gating import from_folder
     from validators import report
-    from validators.validation import as_report, validate
+    from validators.validation import build_report, validate
 
     if loaded.recipe.validation is None:
         raise RecipeError(loaded.file, "validate", "this recipe has no validate section: nothing to check")
     check_required(loaded, require)
     with Runner(loaded, cache, observer) as runner:
-        verdict = as_report(validate(from_folder(runner, output), runner.observer.note))
+        verdict = build_report(validate(from_folder(runner, output), runner.observer.note))
     report.write(verdict, output)
     return Outcome(output, verdict, None, required_missed(verdict, require))
 
@@ -103,8 +104,9 @@ def publish(loaded: LoadedRecipe, outcome: Outcome, tracking: str | None = None)
     return publish_run(loaded, outcome.folder, outcome.report, tracking)
 
 
-def required_missed(report: dict[str, Any], require: list[str] | None) -> list[str]:
+def required_missed(report: Report, require: list[str] | None) -> list[str]:
     """The required candidates with no passing trial (a searched candidate passes when one trial does)."""
-    searches, candidates = report["searches"], report["candidates"]
-    return [name for name in require or ()
-            if not any(candidates[n]["passed"] for n in searches.get(name, {"trials": [name]})["trials"])]
+    def trials(name: str) -> list[str]:
+        return report.searches[name].trials if name in report.searches else [name]
+
+    return [name for name in require or () if not any(report.candidates[n].passed for n in trials(name))]

@@ -11,6 +11,7 @@ from pipeline.errors import EnvironmentProblem, RecipeError, first_line
 from pipeline.loading import LoadedRecipe
 from pipeline.outputs import MANIFEST, build_fingerprint
 from pipeline.runner import Runner, RunResult
+from pipeline.steps import candidate_precision
 from validators.validation import Subject
 
 
@@ -24,7 +25,7 @@ def subject(runner: Runner, baseline: Path, candidates: dict[str, Path | str]) -
         rule=recipe.select, evaluation=runner.evaluation_set, eval_batch_size=recipe.data.evaluation.batch_size,
         calibration=runner.calibration_set, outputs=list(recipe.model.outputs), baseline=baseline,
         candidates=candidates, searches=loaded.searches,
-        precisions={name: recipe.precision(name) for name in candidates},
+        precisions={name: candidate_precision(recipe, name) for name in candidates},
         preset=None if loaded.preset_choice is None else {"target": loaded.preset_choice.target,
                                                           "preset": loaded.preset_choice.preset,
                                                           "reason": loaded.preset_choice.reason},

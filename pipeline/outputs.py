@@ -153,6 +153,7 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
     Raises ValueError saying what PATH is not.
     """
     from artifacts.bundle import CONFIG, config_for
+    from validators import report_model
 
     output = path if (path / MANIFEST).is_file() else path.parent
     if (path / CONFIG).is_file():
@@ -160,16 +161,17 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
     if not (path.is_dir() and (output / MANIFEST).is_file()):
         raise ValueError(f"neither a serving bundle folder ({MODEL_FILE} + {CONFIG}), a run's output folder or a "
                          "model in one, nor a models:/NAME@ALIAS or /NAME/VERSION URI")
-    report_file = output / "report.json"
+    report_file = output / report_model.FILE
     try:
-        report = json.loads(report_file.read_text()) if report_file.is_file() else {}
+        report = report_model.load(report_file) if report_file.is_file() else None
         if path == output:  # the run's selection: the baseline when no candidate passed
-            if "selected" not in report:
-                raise ValueError("report.json names no selected model; serve OUTPUT/CANDIDATE")
-            path = output / report["selected"]
+            if report is None:
+                raise ValueError("no report.json names a selected model; serve OUTPUT/CANDIDATE")
+            path = output / report.selected
         recipe = json.loads((output / MANIFEST).read_text())["recipe"]["resolved"]
         publish = recipe.get("publish") or {}
         name = (publish.get("mlflow") or {}).get("registered_model") or recipe["name"]
-        return path, config_for(path / MODEL_FILE, name, measured_on=report.get("host"), **(publish.get("serving") or {}))
+        return path, config_for(path / MODEL_FILE, name, measured_on=report.host if report else None,
+                                **(publish.get("serving") or {}))
     except Exception as exc:  # a failed candidate (no model), a damaged manifest or report
         raise ValueError(f"cannot serve it from its run: {first_line(exc)}") from exc

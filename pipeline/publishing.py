@@ -16,6 +16,7 @@ from pipeline.errors import EnvironmentProblem, first_line
 from pipeline.loading import LoadedRecipe
 from pipeline.onnx_io import sha256_file
 from pipeline.outputs import MANIFEST
+from pipeline.steps import candidate_precision
 from validators.report_model import FILE as REPORT_FILE
 from validators.report_model import Report
 
@@ -100,7 +101,7 @@ def _version_tags(loaded: LoadedRecipe, report: Report, selected: str, model: Pa
     gates = report.candidates[selected].gates if selected in report.candidates else []
     return {
         "candidate": selected,
-        "precision": loaded.recipe.precision(selected),
+        "precision": candidate_precision(loaded.recipe, selected),
         "provider": validation.throughput.providers[0] if validation and validation.throughput else "cpu",
         "model_sha256": sha256_file(model),
         "gates": (", ".join(f"{g.name}={'pass' if g.passed else 'FAIL'}" for g in gates)

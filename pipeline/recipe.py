@@ -296,16 +296,6 @@ class Recipe(Strict):
         "fastest-passing", description="which passing candidate wins (ties: the smaller file)")
     publish: PublishSpec | None = Field(None, description="register the selected candidate and its serving runtime in MLflow")
 
-    def precision(self, candidate: str) -> str:
-        """fp32, fp16, int8-static or int8-dynamic: what a candidate's steps make of the baseline.
-
-        Each step declares its own label (`Step.precision`); this asks the step registry. Kept for the
-        callers that hold a Recipe (gating, publishing) until they call pipeline.steps.precision_of.
-        """
-        from pipeline.steps import precision_of  # the registry imports this module
-
-        return precision_of(self.candidates[candidate].steps if candidate in self.candidates else [])
-
     @model_validator(mode="after")
     def _names(self) -> Recipe:
         if "baseline" in self.candidates:

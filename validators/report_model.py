@@ -115,7 +115,7 @@ class Trial(_Model):
 
 
 class NodeSensitivity(_Model):
-    """One quantized node's SQNR (pipeline.steps.sensitivity.NodeSensitivity)."""
+    """One quantized node's SQNR (pipeline.steps.quantize.sensitivity.NodeSensitivity)."""
 
     node: str
     op_type: str

@@ -306,11 +306,6 @@ def build_report(validation: Validation) -> report_model.Report:
     )
 
 
-def as_report(validation: Validation) -> dict[str, Any]:
-    """build_report as the plain dict report.json holds, for callers that still read it by key."""
-    return build_report(validation).model_dump()
-
-
 def _measurement(m: Measurement) -> report_model.Measurement:
     return report_model.Measurement.model_validate(m, from_attributes=True)
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from artifacts.host import HostProfile
 from pipeline import flow
 from pipeline.cli.common import (
     CacheOpt,
@@ -31,6 +30,9 @@ from pipeline.cli.common import (
 )
 from pipeline.loading import load_recipe
 from pipeline.runner import Runner, RunResult
+
+if TYPE_CHECKING:
+    from validators.report_model import Report
 
 
 @app.command()
@@ -64,7 +66,7 @@ def run(
     done = flow.publish(loaded, outcome, tracking_uri)
     if done is not None:
         how = f"reused version {done.version} (same model and recipe)" if done.reused else f"registered version {done.version}"
-        what = (f"candidate {outcome.report['selected']}" if outcome.report["passed"]
+        what = (f"candidate {outcome.report.selected}" if outcome.report.passed
                 else "the FP32 baseline: no candidate passed")
         out.print(Text.assemble(("published: ", "green"), f"{done.uri} -> {done.name} {how} ({what})"), soft_wrap=True)
     raise typer.Exit(outcome.exit_code)
@@ -139,41 +141,41 @@ def _print_gates(outcome: flow.Outcome) -> None:
     verdict = outcome.report
     assert verdict is not None
     out.print(_gate_table(verdict))
-    for name, c in verdict["candidates"].items():
-        tuning = c["tuning"]
-        if tuning and not tuning["met"]:
-            best = tuning["trials"][tuning["best"]]
-            err.print(Text.assemble(("fallback: ", "red"), f"{name} missed the budget after {len(tuning['trials'])} trials: "
-                                    f"best {tuning['metric']} drop {best['drop']:+.4f} (allowed {tuning['allowed_drop']:.4f}) "
-                                    f"with {len(best['float_nodes'])} nodes in float; that model is kept, every trial is in "
+    for name, c in verdict.candidates.items():
+        tuning = c.tuning
+        if tuning and not tuning.met:
+            best = tuning.trials[tuning.best]
+            err.print(Text.assemble(("fallback: ", "red"), f"{name} missed the budget after {len(tuning.trials)} trials: "
+                                    f"best {tuning.metric} drop {best.drop:+.4f} (allowed {tuning.allowed_drop:.4f}) "
+                                    f"with {len(best.float_nodes)} nodes in float; that model is kept, every trial is in "
                                     "report.md. Raise fallback.max_trials or the budget."), soft_wrap=True)
-    out.print(Text.assemble(("selected: ", "green"), verdict["selected"]))
-    if verdict["selection_reason"]:
-        out.print(verdict["selection_reason"], soft_wrap=True)
+    out.print(Text.assemble(("selected: ", "green"), verdict.selected))
+    if verdict.selection_reason:
+        out.print(verdict.selection_reason, soft_wrap=True)
     for name in outcome.missed:
         err.print(Text.assemble(("gates failed: ", "red"), f"required candidate {name} did not pass"))
 
 
-def _gate_table(verdict: dict[str, Any]) -> Table:
+def _gate_table(verdict: Report) -> Table:
     from validators.report import speedup_text
 
     table = Table(title="gates", title_justify="left")
-    metric = verdict["metric"]
+    metric = verdict.metric
     for col in ("candidate", "verdict", metric or "metric", "drop", "speedup", "failed gates"):
         table.add_column(col, no_wrap=col != "failed gates")
-    for name, c in verdict["candidates"].items():
-        largest = max(c["throughput"], key=lambda m: m["batch_size"]) if c["throughput"] else None
+    for name, c in verdict.candidates.items():
+        largest = max(c.throughput, key=lambda m: m.batch_size) if c.throughput else None
         table.add_row(
-            name, "[green]pass[/]" if c["passed"] else "[red]FAIL[/]",
-            f"{c['metric']:.4f}" if c["metric"] is not None else "-",
-            f"{c['drop']:+.4f}" if c["drop"] is not None else "-",
+            name, "[green]pass[/]" if c.passed else "[red]FAIL[/]",
+            f"{c.metric:.4f}" if c.metric is not None else "-",
+            f"{c.drop:+.4f}" if c.drop is not None else "-",
             Text(speedup_text(largest)) if largest else "-",
-            Text("\n".join(g["name"] for g in c["gates"] if not g["passed"]) or "-"),
+            Text("\n".join(g.name for g in c.gates if not g.passed) or "-"),
         )
     if metric:
-        table.caption = (f"baseline {metric} {verdict['baseline']['metric']:.4f}, allowed drop "
-                         f"{verdict['allowed_drop']:.4f}; speedup at the largest batch size with its confidence interval; "
-                         f"measured on {HostProfile.model_validate(verdict['host']).summary()}; details in report.md")
+        table.caption = (f"baseline {metric} {verdict.baseline.metric:.4f}, allowed drop "
+                         f"{verdict.allowed_drop:.4f}; speedup at the largest batch size with its confidence interval; "
+                         f"measured on {verdict.host.summary()}; details in report.md")
     return table
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from pipeline.recipe import StepSpec
+from pipeline.recipe import Recipe, StepSpec
 from pipeline.steps.base import Step
 from pipeline.steps.fix_shapes import FixShapes
 from pipeline.steps.fp16 import Fp16
@@ -40,6 +40,11 @@ def precision_of(steps: Iterable[StepSpec]) -> str:
 
 def _bits(label: str) -> int:
     return int(re.search(r"\d+", label).group())  # type: ignore[union-attr]  # every label names its width
+
+
+def candidate_precision(recipe: Recipe, name: str) -> str:
+    """A candidate's precision label; "baseline" (no steps of its own) is fp32."""
+    return precision_of(recipe.candidates[name].steps if name in recipe.candidates else [])
 
 
 def uses_calibration(steps: Iterable[StepSpec]) -> bool:

@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 from pydantic import BaseModel
@@ -111,11 +111,3 @@ def require_known(key: str, what: str, wanted: list[str], present: list[str]) ->
             hint = f"the graph has no named {what}s"
         raise OptionError(f"{key}[{index}]", f"{what} '{name}' is not in the graph; {hint}")
 
-
-def __getattr__(name: str) -> Any:
-    """`Score` moved to validators.scoring (the gates' side); old imports of it from here keep working."""
-    if name == "Score":
-        from validators.scoring import Score
-
-        return Score
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""pipeline.steps.fallback's search (doubling, then bisection) against a pure-data scorer.
+"""pipeline.steps.quantize.fallback's search (doubling, then bisection) against a pure-data scorer.
 
 No model is quantized: the graph rewrite is replaced by a writer that records which nodes stay float,
 and the scorer computes a drop from that set alone, so every trial's outcome is known in advance.
@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.recipe import QuantizeOptions
-from pipeline.steps import fallback
-from pipeline.steps.base import Score
-from pipeline.steps.sensitivity import NodeSensitivity
+from pipeline.step_options import QuantizeOptions
+from pipeline.steps.quantize import fallback
+from pipeline.steps.quantize.sensitivity import NodeSensitivity
+from validators.scoring import Score
 
 ALLOWED_DROP = 0.01
 

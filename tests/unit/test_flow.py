@@ -7,6 +7,7 @@ from pathlib import Path
 from pipeline.flow import Outcome, required_missed
 from pipeline.runner import CandidateOutcome, RunResult
 from tests.unit.reports import sample_report
+from validators.report_model import Report
 
 
 def _result(*errors: str | None) -> RunResult:
@@ -14,16 +15,17 @@ def _result(*errors: str | None) -> RunResult:
 
 
 def test_gated_run_exits_0_unless_a_required_candidate_missed():
-    report = sample_report()  # int8 and fp16 both failed; the baseline is selected
+    report = Report.model_validate(sample_report())  # int8 and fp16 both failed; the baseline is selected
     assert required_missed(report, None) == [] and Outcome(Path("o"), report).exit_code == 0
     assert required_missed(report, ["int8"]) == ["int8"]
     assert Outcome(Path("o"), report, missed=["int8"]).exit_code == 1
 
 
 def test_a_searched_candidate_passes_when_one_trial_does():
-    report = sample_report()
-    report["candidates"]["int8"]["passed"] = True
-    report["searches"] = {"q": {"trials": ["fp16", "int8"]}}
+    raw = sample_report()
+    raw["candidates"]["int8"]["passed"] = True
+    raw["searches"] = {"q": {"trials": ["fp16", "int8"], "combinations": 2}}
+    report = Report.model_validate(raw)
     assert required_missed(report, ["q", "fp16"]) == ["fp16"]
 
 

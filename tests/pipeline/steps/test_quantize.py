@@ -1,4 +1,4 @@
-"""The quantize step on tiny real models, with real ONNX Runtime sessions."""
+"""The quantize step on tiny real models, with real ONNX Runtime sessions (ORT backend)."""
 
 from __future__ import annotations
 
@@ -7,140 +7,30 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
 
 from pipeline import onnx_io
-from pipeline.errors import EnvironmentProblem, OptionError, RecipeError, StepFailed
-from pipeline.recipe import InputSpec
+from pipeline.errors import OptionError, RecipeError, StepFailed
 from pipeline.step_options import QuantizeOptions
 from pipeline.steps.base import Batch, StepContext
-from pipeline.steps.quantize import Quantize, quantize_modelopt
-
-STEP = Quantize()
-FLOAT_OPS = {"Conv", "MatMul", "Gemm"}
-
-
-def _init(name: str, array: np.ndarray) -> onnx.TensorProto:
-    return numpy_helper.from_array(array.astype(np.float32), name)
-
-
-def _save(nodes: list, inits: list, x_shape: list, y_shape: list, path: Path) -> Path:
-    graph = helper.make_graph(
-        nodes,
-        "net",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(path))
-    return path
-
-
-def conv_net(path: Path, batch: int | str = "batch") -> Path:
-    """Conv -> Relu -> Conv -> Relu -> Flatten -> MatMul + Add, seeded weights."""
-    rng = np.random.default_rng(0)
-    inits = [
-        _init("w1", rng.normal(0, 0.5, (8, 1, 3, 3))),
-        _init("b1", rng.normal(0, 0.1, 8)),
-        _init("w2", rng.normal(0, 0.2, (8, 8, 3, 3))),
-        _init("b2", rng.normal(0, 0.1, 8)),
-        _init("wf", rng.normal(0, 0.1, (8 * 4 * 4, 10))),
-        _init("bf", rng.normal(0, 0.1, 10)),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
-        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", strides=[2, 2]),
-        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
-        helper.make_node("Flatten", ["r2"], ["f"], name="flatten"),
-        helper.make_node("MatMul", ["f", "wf"], ["m"], name="fc"),
-        helper.make_node("Add", ["m", "bf"], ["y"], name="fc_bias"),
-    ]
-    return _save(nodes, inits, [batch, 1, 10, 10], [batch, 10], path)
-
-
-def gemm_mlp(path: Path) -> Path:
-    """x[?, 100] -> Gemm fc1 -> Relu -> Gemm fc2 -> y[?, 10], as torch exports nn.Linear."""
-    rng = np.random.default_rng(1)
-    inits = [
-        _init("w1", rng.normal(0, 0.1, (64, 100))),
-        _init("b1", rng.normal(0, 0.1, 64)),
-        _init("w2", rng.normal(0, 0.1, (10, 64))),
-        _init("b2", rng.normal(0, 0.1, 10)),
-    ]
-    nodes = [
-        helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", transB=1),
-        helper.make_node("Relu", ["h"], ["r"], name="relu"),
-        helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="fc2", transB=1),
-    ]
-    return _save(nodes, inits, ["batch", 100], ["batch", 10], path)
-
-
-def images(seed: int, rows: int = 16) -> Batch:
-    return {"x": np.random.default_rng(seed).normal(0, 1, (rows, 1, 10, 10)).astype(np.float32)}
-
-
-def heavy_tailed(seed: int, rows: int = 16) -> Batch:
-    """Student-t samples: rare large values, where MinMax, Entropy and Percentile disagree."""
-    return {"x": np.random.default_rng(seed).standard_t(3, (rows, 1, 10, 10)).astype(np.float32)}
-
-
-def context(tmp_path: Path, calibration: list[Batch], sample: Batch | None = None) -> StepContext:
-    scratch = tmp_path / "scratch"
-    scratch.mkdir(exist_ok=True)
-    return StepContext(
-        inputs=[InputSpec(name="x", shape=["batch", 1, 10, 10])],
-        calibration=lambda: calibration,
-        sample=lambda: sample if sample is not None else calibration[0],
-        scratch=scratch,
-    )
-
-
-def quantize(src: Path, tmp_path: Path, ctx: StepContext | None = None, name: str = "q", **options) -> onnx.ModelProto:
-    """Validate and run the step as the runner does; return the quantized model."""
-    opts = QuantizeOptions(**options)
-    STEP.validate(onnx_io.load_structure(src), opts)
-    dst = tmp_path / f"{name}.onnx"
-    STEP.run(src, dst, opts, ctx or context(tmp_path, [images(seed) for seed in range(4)]))
-    return onnx.load(str(dst))
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
-def outputs_close(src: Path, model: onnx.ModelProto, tmp_path: Path, batch: Batch) -> float:
-    path = tmp_path / "check.onnx"
-    onnx.save(model, str(path))
-    return cosine(onnx_io.run(src, batch)[0], onnx_io.run(path, batch)[0])
-
-
-def ops(model: onnx.ModelProto) -> list[str]:
-    return [node.op_type for node in model.graph.node]
-
-
-def initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    return {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
-
-
-def activation_scales(model: onnx.ModelProto) -> dict[str, float]:
-    """Scale of each activation QuantizeLinear, by the float tensor it quantizes."""
-    inits = initializers(model)
-    return {
-        node.input[0]: float(inits[node.input[1]])
-        for node in model.graph.node
-        if node.op_type == "QuantizeLinear" and node.input[0] not in inits
-    }
-
-
-def producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
-    return {out: node for node in model.graph.node for out in node.output}
-
+from tests.pipeline.steps.quantize_models import (
+    FLOAT_OPS,
+    STEP,
+    activation_scales,
+    context,
+    conv_net,
+    float_node,
+    gemm_mlp,
+    heavy_tailed,
+    images,
+    initializers,
+    ops,
+    outputs_close,
+    producers,
+    quantize,
+    save_model,
+)
 
 # 1. dynamic
 
@@ -258,20 +148,13 @@ def test_library_entropy_gives_minmax_scales_which_is_why_we_calibrate_ourselves
 # 4. exclusions
 
 
-def _float_node(model: onnx.ModelProto, name: str, op_type: str, weight: str) -> bool:
-    """The node is still a float op reading its float weight, not a DequantizeLinear output."""
-    node = next((n for n in model.graph.node if n.name == name), None)
-    inits = initializers(model)
-    return node is not None and node.op_type == op_type and weight in node.input and inits[weight].dtype == np.float32
-
-
 def test_static_excluded_nodes_stay_float(tmp_path: Path) -> None:
     src = conv_net(tmp_path / "net.onnx")
     model = quantize(src, tmp_path, mode="static", exclude_nodes=["conv2", "fc"])
 
-    assert _float_node(model, "conv2", "Conv", "w2")
+    assert float_node(model, "conv2", "Conv", "w2")
     # quant_pre_process fused MatMul `fc` with its Add into Gemm `fc/MatMulAddFusion`: the exclusion follows it.
-    assert _float_node(model, "fc/MatMulAddFusion", "Gemm", "wf")
+    assert float_node(model, "fc/MatMulAddFusion", "Gemm", "wf")
     assert initializers(model)["w1_quantized"].dtype == np.int8, "conv1 is still quantized"
 
 
@@ -279,7 +162,7 @@ def test_static_excluded_op_type_survives_fusion(tmp_path: Path) -> None:
     src = conv_net(tmp_path / "net.onnx")
     model = quantize(src, tmp_path, mode="static", exclude_op_types=["MatMul"])
 
-    assert _float_node(model, "fc/MatMulAddFusion", "Gemm", "wf")
+    assert float_node(model, "fc/MatMulAddFusion", "Gemm", "wf")
     assert "w1_quantized" in initializers(model)
 
 
@@ -386,38 +269,7 @@ def test_nan_output_fails_the_step(tmp_path: Path) -> None:
         helper.make_node("MatMul", ["x", "w"], ["m"], name="fc"),
         helper.make_node("Log", ["m"], ["y"], name="log"),
     ]
-    src = _save(nodes, [w], ["batch", 100], ["batch", 10], tmp_path / "log.onnx")
+    src = save_model(nodes, [w], ["batch", 100], ["batch", 10], tmp_path / "log.onnx")
     sample = {"x": np.random.default_rng(3).normal(0, 1, (4, 100)).astype(np.float32)}
     with pytest.raises(StepFailed, match="output 'y' of the quantized model has NaN/Inf"):
         quantize(src, tmp_path, context(tmp_path, [], sample), mode="dynamic")
-
-
-# 6. ModelOpt
-
-
-def _modelopt_imports() -> bool:
-    try:
-        quantize_modelopt.require()
-    except EnvironmentProblem:
-        return False
-    return True
-
-
-HAS_MODELOPT = _modelopt_imports()
-
-
-@pytest.mark.skipif(HAS_MODELOPT, reason="NVIDIA ModelOpt is installed and imports here")
-def test_modelopt_backend_without_modelopt_is_an_environment_problem(tmp_path: Path) -> None:
-    src = conv_net(tmp_path / "net.onnx")
-    with pytest.raises(EnvironmentProblem, match=r"pip install 'temper-ml\[modelopt\]'"):
-        quantize(src, tmp_path, mode="static", backend="modelopt")
-
-
-@pytest.mark.skipif(not HAS_MODELOPT, reason="NVIDIA ModelOpt is not installed (pip install 'temper-ml[modelopt]')")
-def test_modelopt_backend_quantizes_on_cpu(tmp_path: Path) -> None:
-    src = conv_net(tmp_path / "net.onnx")
-    model = quantize(src, tmp_path, mode="static", backend="modelopt", exclude_nodes=["conv2"])
-
-    assert {"QuantizeLinear", "DequantizeLinear"} <= set(ops(model))
-    assert _float_node(model, "conv2", "Conv", "w2")
-    assert outputs_close(src, model, tmp_path, images(99)) > 0.99

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from pipeline import search, step_options
 from pipeline.recipe import Recipe, StepSpec
 from pipeline.schema import recipe_schema
-from pipeline.steps import STEPS, precision_of, searchable, uses_calibration, uses_evaluation
+from pipeline.steps import STEPS, candidate_precision, precision_of, searchable, uses_calibration, uses_evaluation
 from pipeline.steps.base import Step
 
 REPO = Path(__file__).resolve().parents[3]
@@ -81,7 +81,8 @@ def test_precision_comes_from_each_steps_declaration(steps, expected):
     assert precision_of(specs) == expected
     recipe = Recipe.model_validate({**DIGITS, "candidates": {"c": {"steps": steps or ["simplify"]}}},
                                    context={"preset_choice": None})
-    assert recipe.precision("c") == (expected if steps else "fp32")
+    assert candidate_precision(recipe, "c") == (expected if steps else "fp32")
+    assert candidate_precision(recipe, "baseline") == "fp32"
 
 
 def test_calibration_is_what_static_quantize_needs():
@@ -115,15 +116,12 @@ def _all_imports(path: Path) -> set[str]:
     return found
 
 
-# Recipe.precision asks the registry until pipeline/gating.py and pipeline/publishing.py call
-# pipeline.steps.precision_of themselves; then it goes, and so does this exception.
-TRANSITIONAL = {"pipeline.recipe": {"pipeline.steps", "pipeline.steps.precision_of"}}
 
 
 def test_core_contracts_import_no_step_and_validators_only_core_contracts():
     core = {"pipeline.recipe", "pipeline.step_options", "pipeline.presets", "pipeline.errors"}
     for module in core:
-        imported = _all_imports(REPO / (module.replace(".", "/") + ".py")) - TRANSITIONAL.get(module, set())
+        imported = _all_imports(REPO / (module.replace(".", "/") + ".py"))
         assert not {m for m in imported if m.startswith(("pipeline.steps", "pipeline.loading", "pipeline.search"))}, module
         assert not {m for m in _module_imports(REPO / (module.replace(".", "/") + ".py"))
                     if m.startswith("pipeline.steps")}, module

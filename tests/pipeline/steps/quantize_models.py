@@ -1,0 +1,147 @@
+"""Tiny real ONNX models and helpers the quantize step's tests share: a conv net, a Gemm MLP, image-like
+and heavy-tailed batches, and running the step as the runner does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from pipeline import onnx_io
+from pipeline.recipe import InputSpec
+from pipeline.step_options import QuantizeOptions
+from pipeline.steps.base import Batch, StepContext
+from pipeline.steps.quantize import Quantize
+
+STEP = Quantize()
+FLOAT_OPS = {"Conv", "MatMul", "Gemm"}
+
+
+def _init(name: str, array: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(array.astype(np.float32), name)
+
+
+def save_model(nodes: list, inits: list, x_shape: list, y_shape: list, path: Path) -> Path:
+    graph = helper.make_graph(
+        nodes,
+        "net",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def conv_net(path: Path, batch: int | str = "batch") -> Path:
+    """Conv -> Relu -> Conv -> Relu -> Flatten -> MatMul + Add, seeded weights."""
+    rng = np.random.default_rng(0)
+    inits = [
+        _init("w1", rng.normal(0, 0.5, (8, 1, 3, 3))),
+        _init("b1", rng.normal(0, 0.1, 8)),
+        _init("w2", rng.normal(0, 0.2, (8, 8, 3, 3))),
+        _init("b2", rng.normal(0, 0.1, 8)),
+        _init("wf", rng.normal(0, 0.1, (8 * 4 * 4, 10))),
+        _init("bf", rng.normal(0, 0.1, 10)),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", strides=[2, 2]),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("Flatten", ["r2"], ["f"], name="flatten"),
+        helper.make_node("MatMul", ["f", "wf"], ["m"], name="fc"),
+        helper.make_node("Add", ["m", "bf"], ["y"], name="fc_bias"),
+    ]
+    return save_model(nodes, inits, [batch, 1, 10, 10], [batch, 10], path)
+
+
+def gemm_mlp(path: Path) -> Path:
+    """x[?, 100] -> Gemm fc1 -> Relu -> Gemm fc2 -> y[?, 10], as torch exports nn.Linear."""
+    rng = np.random.default_rng(1)
+    inits = [
+        _init("w1", rng.normal(0, 0.1, (64, 100))),
+        _init("b1", rng.normal(0, 0.1, 64)),
+        _init("w2", rng.normal(0, 0.1, (10, 64))),
+        _init("b2", rng.normal(0, 0.1, 10)),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", transB=1),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="fc2", transB=1),
+    ]
+    return save_model(nodes, inits, ["batch", 100], ["batch", 10], path)
+
+
+def images(seed: int, rows: int = 16) -> Batch:
+    return {"x": np.random.default_rng(seed).normal(0, 1, (rows, 1, 10, 10)).astype(np.float32)}
+
+
+def heavy_tailed(seed: int, rows: int = 16) -> Batch:
+    """Student-t samples: rare large values, where MinMax, Entropy and Percentile disagree."""
+    return {"x": np.random.default_rng(seed).standard_t(3, (rows, 1, 10, 10)).astype(np.float32)}
+
+
+def context(tmp_path: Path, calibration: list[Batch], sample: Batch | None = None) -> StepContext:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(exist_ok=True)
+    return StepContext(
+        inputs=[InputSpec(name="x", shape=["batch", 1, 10, 10])],
+        calibration=lambda: calibration,
+        sample=lambda: sample if sample is not None else calibration[0],
+        scratch=scratch,
+    )
+
+
+def quantize(src: Path, tmp_path: Path, ctx: StepContext | None = None, name: str = "q", **options) -> onnx.ModelProto:
+    """Validate and run the step as the runner does; return the quantized model."""
+    opts = QuantizeOptions(**options)
+    STEP.validate(onnx_io.load_structure(src), opts)
+    dst = tmp_path / f"{name}.onnx"
+    STEP.run(src, dst, opts, ctx or context(tmp_path, [images(seed) for seed in range(4)]))
+    return onnx.load(str(dst))
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def outputs_close(src: Path, model: onnx.ModelProto, tmp_path: Path, batch: Batch) -> float:
+    path = tmp_path / "check.onnx"
+    onnx.save(model, str(path))
+    return cosine(onnx_io.run(src, batch)[0], onnx_io.run(path, batch)[0])
+
+
+def ops(model: onnx.ModelProto) -> list[str]:
+    return [node.op_type for node in model.graph.node]
+
+
+def initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+
+
+def activation_scales(model: onnx.ModelProto) -> dict[str, float]:
+    """Scale of each activation QuantizeLinear, by the float tensor it quantizes."""
+    inits = initializers(model)
+    return {
+        node.input[0]: float(inits[node.input[1]])
+        for node in model.graph.node
+        if node.op_type == "QuantizeLinear" and node.input[0] not in inits
+    }
+
+
+def producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    return {out: node for node in model.graph.node for out in node.output}
+
+
+def float_node(model: onnx.ModelProto, name: str, op_type: str, weight: str) -> bool:
+    """The node is still a float op reading its float weight, not a DequantizeLinear output."""
+    node = next((n for n in model.graph.node if n.name == name), None)
+    inits = initializers(model)
+    return node is not None and node.op_type == op_type and weight in node.input and inits[weight].dtype == np.float32

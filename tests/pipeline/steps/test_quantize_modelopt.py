@@ -1,0 +1,39 @@
+"""The quantize step's NVIDIA ModelOpt backend: quantizes for real where the `modelopt` extra is
+installed (the dev set-up installs it), and says what to install where it is not."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import EnvironmentProblem
+from pipeline.steps.quantize import quantize_modelopt
+from tests.pipeline.steps.quantize_models import conv_net, float_node, images, ops, outputs_close, quantize
+
+
+def test_modelopt_backend_without_modelopt_is_an_environment_problem(tmp_path: Path, monkeypatch) -> None:
+    """A None entry in sys.modules makes `import modelopt...` fail as on a host without the package."""
+    monkeypatch.setitem(sys.modules, "modelopt", None)
+    src = conv_net(tmp_path / "net.onnx")
+    with pytest.raises(EnvironmentProblem, match=r"pip install 'temper-ml\[modelopt\]'"):
+        quantize(src, tmp_path, mode="static", backend="modelopt")
+
+
+def _modelopt_imports() -> bool:
+    try:
+        quantize_modelopt.require()
+    except EnvironmentProblem:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _modelopt_imports(), reason="NVIDIA ModelOpt is not installed (pip install 'temper-ml[modelopt]')")
+def test_modelopt_backend_quantizes_on_cpu(tmp_path: Path) -> None:
+    src = conv_net(tmp_path / "net.onnx")
+    model = quantize(src, tmp_path, mode="static", backend="modelopt", exclude_nodes=["conv2"])
+
+    assert {"QuantizeLinear", "DequantizeLinear"} <= set(ops(model))
+    assert float_node(model, "conv2", "Conv", "w2")
+    assert outputs_close(src, model, tmp_path, images(99)) > 0.99

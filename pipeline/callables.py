@@ -23,7 +23,8 @@ def load_callable(ref: str, base: Path, recipe_file: str, key: str) -> Callable[
     """Import the file as a fresh module (its folder on sys.path for sibling imports) and return the function."""
     path, function = split_ref(ref, base)
     if not path.is_file():
-        raise RecipeError(recipe_file, key, f"file '{path}' not found (paths are relative to the recipe's folder {base})")
+        raise RecipeError(recipe_file, key,
+                          f"file '{path}' not found (paths are relative to the recipe's folder {base})")
     name = "temper_user_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
     module = sys.modules.get(name)
     if module is None:
@@ -40,7 +41,8 @@ def load_callable(ref: str, base: Path, recipe_file: str, key: str) -> Callable[
     target = getattr(module, function, None)
     if not callable(target):
         found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise RecipeError(recipe_file, key, f"{path.name} has no function '{function}' (it has: {', '.join(found) or 'none'})")
+        raise RecipeError(recipe_file, key,
+                          f"{path.name} has no function '{function}' (it has: {', '.join(found) or 'none'})")
     return target
 
 
@@ -65,7 +67,8 @@ def _boundary(recipe_file: str, key: str, what: str, path: Path | None) -> Itera
             yield
     except SystemExit as exc:
         last = [line for line in said.getvalue().splitlines() if line.strip()][-1:]
-        raise RecipeError(recipe_file, key, f"{what} called sys.exit({exc.code!r})" + (f" ({last[0].strip()})" if last else "")
+        raise RecipeError(recipe_file, key, f"{what} called sys.exit({exc.code!r})"
+                          + (f" ({last[0].strip()})" if last else "")
                           + ": user code must return or raise, not end the process") from None
     except KeyboardInterrupt:
         raise RecipeError(recipe_file, key, f"{what} was interrupted (KeyboardInterrupt)") from None

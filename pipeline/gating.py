@@ -47,8 +47,10 @@ def precheck(runner: Runner) -> None:
     if spec is None:
         return
     if runner.evaluation_set is None:
-        raise RecipeError(runner.loaded.file, "data.evaluation", "validate needs an evaluation set: add data.evaluation")
-    if spec.accuracy and spec.accuracy.metric == "probe" and (runner.calibration_set is None or runner.calibration_set.labels is None):
+        raise RecipeError(runner.loaded.file, "data.evaluation",
+                          "validate needs an evaluation set: add data.evaluation")
+    if (spec.accuracy and spec.accuracy.metric == "probe"
+            and (runner.calibration_set is None or runner.calibration_set.labels is None)):
         raise RecipeError(runner.loaded.file, "validate.accuracy.metric",
                           "metric probe trains on the baseline's outputs of the calibration set: "
                           "add data.calibration with a label column")
@@ -120,5 +122,6 @@ def from_folder(runner: Runner, folder: Path) -> Subject:
     candidates: dict[str, Path | str] = {}
     for name in runner.recipe.candidates:
         entry = entries.get(name, {})
-        candidates[name] = folder / name / MODEL_FILE if entry.get("status") == "ok" else entry.get("error", "not built")
+        candidates[name] = (folder / name / MODEL_FILE if entry.get("status") == "ok"
+                            else entry.get("error", "not built"))
     return subject(runner, folder / "baseline" / MODEL_FILE, candidates)

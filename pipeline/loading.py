@@ -88,7 +88,8 @@ def _in_user_terms(key: str, message: str, searches: dict[str, Search]) -> tuple
             prefix = f"candidates.{trial}"
             if key == prefix or key.startswith(prefix + "."):
                 combination = trial.removeprefix(search.name + ".")
-                return f"candidates.{search.name}{key.removeprefix(prefix)}", f"{message} (in the combination {combination})"
+                return (f"candidates.{search.name}{key.removeprefix(prefix)}",
+                        f"{message} (in the combination {combination})")
     return key, message
 
 
@@ -134,7 +135,8 @@ def _data_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
             data = data[part]
         elif isinstance(data, list) and isinstance(part, int) and part < len(data):
             data = data[part]
-        elif not (i == len(loc) - 1 and isinstance(part, str) and part != "[key]" and (isinstance(data, dict) or part == data)):
+        elif not (i == len(loc) - 1 and isinstance(part, str) and part != "[key]"
+                  and (isinstance(data, dict) or part == data)):
             continue  # a union member or tag name, not a key the user wrote
         kept.append(part)
     return tuple(kept)

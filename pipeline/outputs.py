@@ -49,7 +49,8 @@ class OutputFolder:
             sweep(self.target.parent, prefix)
             self.staging = claim(self.target.parent, prefix)
         except OSError as exc:
-            raise RecipeError(str(target), "--output", f"not writable ({exc.strerror}); choose a folder you can write") from None
+            raise RecipeError(str(target), "--output",
+                              f"not writable ({exc.strerror}); choose a folder you can write") from None
 
     def discard(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)

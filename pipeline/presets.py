@@ -60,7 +60,8 @@ def choose(target: str = HOST, host: HostProfile | None = None) -> Choice:
         return Choice(target, target, f"the recipe's target is {target}, not the machine building it")
     host = host or _this_host()
     if host.arm64:
-        return Choice(target, "arm64", f"this host ({host.cpu}) is arm64: ONNX Runtime's sdot/udot kernels take u8 x s8")
+        return Choice(target, "arm64",
+                      f"this host ({host.cpu}) is arm64: ONNX Runtime's sdot/udot kernels take u8 x s8")
     if not host.x86 or not host.features_known:
         return Choice(target, None, f"this host ({host.cpu}, {host.arch}) has no known INT8 kernel profile: "
                                     "ONNX Runtime's defaults apply")

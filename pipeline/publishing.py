@@ -55,7 +55,8 @@ def metrics_of(report: Report | Mapping[str, Any]) -> dict[str, float]:
     return found
 
 
-def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str, Any], tracking: str | None) -> Published:
+def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str, Any],
+                tracking: str | None) -> Published:
     """Record the run in MLflow and register the selection (the baseline when no candidate passed) with
     its serving runtime."""
     spec = loaded.recipe.publish

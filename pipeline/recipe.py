@@ -80,7 +80,8 @@ class DataSource(Strict):
     """A calibration or evaluation set: a file/folder loaded with HF `datasets` or numpy, or a callable."""
 
     path: str | None = Field(None, description="csv, json, jsonl, parquet, npy, npz, or a datasets save_to_disk folder")
-    callable: CallableRef | None = Field(None, description="file.py:function returning a dict of arrays or a datasets.Dataset")
+    callable: CallableRef | None = Field(
+        None, description="file.py:function returning a dict of arrays or a datasets.Dataset")
     split: str | None = Field(None, description="split of a save_to_disk DatasetDict")
     columns: list[str] | None = Field(None, description="columns to keep (default: all)")
     label: str | None = Field(None, description="column holding the labels (kept apart from model inputs)")
@@ -149,7 +150,8 @@ def _metric(value: Any) -> str:
 def _budget(value: Any) -> float | str:
     """An absolute drop (0.01) or a relative one ("1%"), never negative: it is how much worse a candidate may be."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"{value!r} is not a budget: use a number like 0.01 (absolute) or a string like '1%' (relative)")
+        raise ValueError(f"{value!r} is not a budget: use a number like 0.01 (absolute) "
+                         "or a string like '1%' (relative)")
     number = value
     if isinstance(value, str):
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*%\s*", value)
@@ -157,9 +159,11 @@ def _budget(value: Any) -> float | str:
             raise ValueError(f"{value!r} is not a budget: a relative budget is a percentage like '1%'")
         number = float(match.group(1))
     if not math.isfinite(number):  # NaN fails every comparison (and is not JSON): every candidate would fail
-        raise ValueError(f"{value!r} is not a budget: use a finite number like 0.01 (absolute) or a string like '1%' (relative)")
+        raise ValueError(f"{value!r} is not a budget: use a finite number like 0.01 (absolute) "
+                         "or a string like '1%' (relative)")
     if number < 0:
-        raise ValueError(f"{value!r} is negative: max_drop is how much worse than the baseline a candidate may be (>= 0)")
+        raise ValueError(f"{value!r} is negative: max_drop is how much worse than the baseline "
+                         "a candidate may be (>= 0)")
     return value if isinstance(value, str) else float(value)
 
 
@@ -190,7 +194,8 @@ class AccuracyGate(Strict):
         relative = isinstance(self.max_drop, str)
         drop = float(self.max_drop.strip().rstrip("%")) if relative else self.max_drop
         if span is not None and (drop >= 100 if relative else drop >= span):
-            raise ValueError(f"max_drop {self.max_drop!r} can never be exceeded ({self.metric} spans at most {span:g}), "
+            raise ValueError(f"max_drop {self.max_drop!r} can never be exceeded "
+                             f"({self.metric} spans at most {span:g}), "
                              "so this gate could never fail: give the drop you would accept, e.g. 0.01 or '1%'")
         return self
 
@@ -207,7 +212,8 @@ class ThroughputSpec(Strict):
 
     batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
     providers: list[Literal["cpu", "cuda", "tensorrt"]] = Field(default_factory=lambda: ["cpu"], min_length=1)
-    duration_s: float = Field(3.0, gt=0, allow_inf_nan=False, description="timed seconds per model, batch size and provider")
+    duration_s: float = Field(
+        3.0, gt=0, allow_inf_nan=False, description="timed seconds per model, batch size and provider")
     warmup_s: float = Field(0.5, ge=0, allow_inf_nan=False)
     min_speedup: float | None = Field(None, gt=0, description="candidate samples/s over baseline samples/s")
     speedup_at: list[PositiveInt] | None = Field(
@@ -261,7 +267,8 @@ class ServingOptions(Strict):
     """Dynamic batching limits the serving runtime applies (written to the bundle's runtime.json)."""
 
     max_batch_size: PositiveInt = 16
-    max_delay_ms: float = Field(10.0, ge=0, description="wait this long to fill a batch, only while requests keep arriving")
+    max_delay_ms: float = Field(
+        10.0, ge=0, description="wait this long to fill a batch, only while requests keep arriving")
     max_queue: PositiveInt = 256
     timeout_s: float = Field(30.0, gt=0)
     pad: dict[str, int | float] = Field(
@@ -294,7 +301,8 @@ class Recipe(Strict):
     validation: ValidateSpec | None = Field(None, alias="validate", description="gates every candidate must hold")
     select: Literal["fastest-passing", "smallest-passing"] = Field(
         "fastest-passing", description="which passing candidate wins (ties: the smaller file)")
-    publish: PublishSpec | None = Field(None, description="register the selected candidate and its serving runtime in MLflow")
+    publish: PublishSpec | None = Field(
+        None, description="register the selected candidate and its serving runtime in MLflow")
 
     @model_validator(mode="after")
     def _names(self) -> Recipe:
@@ -305,7 +313,8 @@ class Recipe(Strict):
             raise ValueError("model.inputs: input names must be unique")
         if self.publish is not None:
             if self.validation is None:
-                raise ValueError("publish needs a validate section: only a candidate that passed its gates is published")
+                raise ValueError("publish needs a validate section: "
+                                 "only a candidate that passed its gates is published")
             stray = [name for name in self.publish.serving.pad if name not in known]
             if stray:
                 raise ValueError(f"publish.serving.pad: '{stray[0]}' is not a model input ({', '.join(sorted(known))})")

@@ -149,12 +149,14 @@ class Runner:
         given = np.asarray(values)
         if given.dtype.kind in "OUSV":
             what = "text" if given.dtype.kind in "US" else f"{given.dtype} (not numeric)"
-            raise RecipeError(file, f"data.{which}", f"input '{spec.name}' gets {what} data, but {key} is {spec.dtype}: "
-                                                     "add a preprocess callable that turns it into numbers (e.g. a tokenizer)")
+            raise RecipeError(file, f"data.{which}",
+                              f"input '{spec.name}' gets {what} data, but {key} is {spec.dtype}: "
+                              "add a preprocess callable that turns it into numbers (e.g. a tokenizer)")
         wanted = np.dtype(spec.dtype)
         if wanted.kind in "iub" and given.dtype.kind == "f" and not np.array_equal(given, np.round(given)):
-            raise RecipeError(file, f"{key}.dtype", f"'{spec.name}' is declared {spec.dtype}, but data.{which} holds "
-                                                    f"fractional {given.dtype} values: declare float32, or fix the data")
+            raise RecipeError(file, f"{key}.dtype",
+                              f"'{spec.name}' is declared {spec.dtype}, but data.{which} holds "
+                              f"fractional {given.dtype} values: declare float32, or fix the data")
         shape = list(given.shape)
         if len(shape) != len(spec.shape):
             raise RecipeError(file, f"{key}.shape", f"'{spec.name}' is declared with {len(spec.shape)} dims "
@@ -162,8 +164,9 @@ class Runner:
                                                     f"({len(shape)} dims with the sample dim)")
         for axis, (declared, real) in enumerate(zip(spec.shape, shape)):
             if axis and isinstance(declared, int) and declared != real:
-                raise RecipeError(file, f"{key}.shape", f"'{spec.name}' is declared {spec.shape}, but data.{which} "
-                                                        f"has {real} at axis {axis}: fix the declared shape or the data")
+                raise RecipeError(file, f"{key}.shape",
+                                  f"'{spec.name}' is declared {spec.shape}, but data.{which} "
+                                  f"has {real} at axis {axis}: fix the declared shape or the data")
         return given.astype(wanted, copy=False)
 
     @cached_property
@@ -178,11 +181,13 @@ class Runner:
     def calibration_batches(self) -> list[Batch]:
         source, data = self.recipe.data.calibration, self.calibration_set
         if source is None or data is None:
-            raise RecipeError(self.loaded.file, "data.calibration", "static quantization needs calibration data: add data.calibration")
+            raise RecipeError(self.loaded.file, "data.calibration",
+                              "static quantization needs calibration data: add data.calibration")
         batches = data.batches(source.batch_size)
         if not batches:
             raise RecipeError(self.loaded.file, "data.calibration.batch_size",
-                              f"the calibration set has {len(data)} samples, fewer than one batch of {source.batch_size}; "
+                              f"the calibration set has {len(data)} samples, "
+                              f"fewer than one batch of {source.batch_size}; "
                               "lower batch_size or add samples")
         return batches
 
@@ -210,9 +215,11 @@ class Runner:
 
         spec, evaluation = self.recipe.validation, self.recipe.data.evaluation
         if spec is None or spec.accuracy is None:
-            raise RecipeError(self.loaded.file, "validate.accuracy", "a quantize fallback aims at the accuracy budget: add validate.accuracy")
+            raise RecipeError(self.loaded.file, "validate.accuracy",
+                              "a quantize fallback aims at the accuracy budget: add validate.accuracy")
         if evaluation is None or self.evaluation_set is None:
-            raise RecipeError(self.loaded.file, "data.evaluation", "a quantize fallback scores trials on the evaluation set: add data.evaluation")
+            raise RecipeError(self.loaded.file, "data.evaluation",
+                              "a quantize fallback scores trials on the evaluation set: add data.evaluation")
         assert self._baseline is not None, "baseline() runs before any candidate step"
         return GateScorer(spec, self._baseline.path, list(self.recipe.model.outputs), self.evaluation_set,
                           self.calibration_set, evaluation.batch_size, self.loaded.base, self.loaded.file)
@@ -223,7 +230,8 @@ class Runner:
             source, data = getattr(self.recipe.data, which), getattr(self, f"{which}_set")
             if data is not None and len(data):
                 return data.batches(min(source.batch_size, len(data)))[0]
-        raise RecipeError(self.loaded.file, "data", "this recipe's steps need a real batch: add data.evaluation or data.calibration")
+        raise RecipeError(self.loaded.file, "data",
+                          "this recipe's steps need a real batch: add data.evaluation or data.calibration")
 
     def _context(self, folder: Path) -> StepContext:
         from pipeline.steps.base import StepContext
@@ -258,7 +266,8 @@ class Runner:
             import torch
 
             if not isinstance(module, torch.nn.Module):
-                raise RecipeError(self.loaded.file, "model.factory", f"returned {type(module).__name__}, not a torch.nn.Module")
+                raise RecipeError(self.loaded.file, "model.factory",
+                                  f"returned {type(module).__name__}, not a torch.nn.Module")
             try:
                 export(module, spec, ctx.sample(), dst, ctx.scratch)
             except OptionError as exc:  # the declared inputs do not fit the module: bad input, at its key
@@ -275,25 +284,30 @@ class Runner:
             onnx.checker.check_model(str(path))
             model = onnx_io.load_structure(path)
         except Exception as exc:
-            raise RecipeError(file, "model.onnx", f"'{path.name}' is not a valid ONNX model: {first_line(exc)}") from None
+            raise RecipeError(file, "model.onnx",
+                              f"'{path.name}' is not a valid ONNX model: {first_line(exc)}") from None
         real_inputs = list(onnx_io.dims(model))
         for i, declared in enumerate(spec.inputs):
             if declared.name not in real_inputs:
-                raise RecipeError(file, f"model.inputs[{i}].name", f"'{declared.name}' is not an input of {path.name}; its inputs: {', '.join(real_inputs)}")
+                raise RecipeError(file, f"model.inputs[{i}].name",
+                                  f"'{declared.name}' is not an input of {path.name}; "
+                                  f"its inputs: {', '.join(real_inputs)}")
         for i, declared in enumerate(spec.inputs):
             real = onnx_io.dims(model)[declared.name]
             clash = [(a, d, r) for a, (d, r) in enumerate(zip(declared.shape, real))
                      if isinstance(d, int) and isinstance(r, int) and r > 0 and d != r]
             if len(real) != len(declared.shape) or clash:
-                raise RecipeError(file, f"model.inputs[{i}].shape", f"declared {declared.shape}, but {path.name} takes "
-                                                                    f"'{declared.name}' as {real}: declare the model's shape")
+                raise RecipeError(file, f"model.inputs[{i}].shape",
+                                  f"declared {declared.shape}, but {path.name} takes "
+                                  f"'{declared.name}' as {real}: declare the model's shape")
         undeclared = [n for n in real_inputs if n not in {i.name for i in spec.inputs}]
         if undeclared:
             raise RecipeError(file, "model.inputs", f"{path.name} also takes '{undeclared[0]}': declare every input")
         real_outputs = [o.name for o in model.graph.output]
         for i, name in enumerate(spec.outputs):
             if name not in real_outputs:
-                raise RecipeError(file, f"model.outputs[{i}]", f"'{name}' is not an output of {path.name}; its outputs: {', '.join(real_outputs)}")
+                raise RecipeError(file, f"model.outputs[{i}]",
+                                  f"'{name}' is not an output of {path.name}; its outputs: {', '.join(real_outputs)}")
         return ModelRecord("source", None, "load", {"onnx": spec.onnx}, path, onnx_io.sha256_file(path),
                            path.stat().st_size, 0.0, False)
 
@@ -312,7 +326,8 @@ class Runner:
                 key_parts["data"] = self.calibration_fingerprint
             if step.uses_evaluation(options):
                 gates = self.recipe.validation  # what it aims at; throughput only informs its report
-                key_parts["gate"] = {"gates": gates.model_dump(mode="json", include={"accuracy", "fidelity"}) if gates else None,
+                key_parts["gate"] = {"gates": (gates.model_dump(mode="json", include={"accuracy", "fidelity"})
+                                               if gates else None),
                                      "evaluation": self.evaluation_fingerprint, "baseline": records[0].sha256}
             key = key_of(**key_parts)
 

@@ -70,7 +70,8 @@ def expand(data: dict[str, Any], file: str) -> tuple[dict[str, Any], dict[str, S
         combinations = list(itertools.product(*(axis.values for axis in axes)))
         trials = []
         for values in combinations[:limit]:
-            trial = f"{name}." + ".".join(f"{axis.key}-{_label(value)}" for axis, value in zip(axes, values, strict=True))
+            trial = f"{name}." + ".".join(f"{axis.key}-{_label(value)}"
+                                          for axis, value in zip(axes, values, strict=True))
             expanded[trial] = _with(spec, axes, values)
             trials.append(trial)
         searches[name] = Search(name, trials, len(combinations))
@@ -100,7 +101,8 @@ def _axes(spec: dict[str, Any], where: str, file: str) -> list[_Axis]:
                 continue
             at = f"{where}.steps[{index}].{kind}.{key}"
             if not values:
-                raise RecipeError(file, at, "an empty list of alternatives: give at least one value (or a single value)")
+                raise RecipeError(file, at,
+                                  "an empty list of alternatives: give at least one value (or a single value)")
             for position, value in enumerate(values):
                 _check_value(kind, options, key, value, f"{at}[{position}]")
             axes.append(_Axis(index, kind, key, values))
@@ -122,7 +124,8 @@ def _check_value(kind: str, options: dict[str, Any], key: str, value: Any, at: s
 def _max_trials(spec: dict[str, Any], where: str, file: str) -> int:
     limit = spec.get("max_trials", DEFAULT_MAX_TRIALS)
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise RecipeError(file, f"{where}.max_trials", f"{limit!r} is not a number of trials: use a whole number of at least 1")
+        raise RecipeError(file, f"{where}.max_trials",
+                          f"{limit!r} is not a number of trials: use a whole number of at least 1")
     return limit
 
 

@@ -53,9 +53,10 @@ class FallbackOptions(Strict):
     """Accuracy-aware fallback for static INT8: keep the nodes that hurt most in float until the
     validate.accuracy budget (and validate.fidelity) hold, ranked by the SQNR of their tensors on calibration data."""
 
-    max_trials: PositiveInt = Field(12, description="quantize-and-evaluate rounds at most, the plain INT8 model included")
-    refine: int = Field(0, ge=0, description="re-rank this many top suspects by the real metric, each kept in float alone "
-                                              "(each costs a trial)")
+    max_trials: PositiveInt = Field(
+        12, description="quantize-and-evaluate rounds at most, the plain INT8 model included")
+    refine: int = Field(0, ge=0, description="re-rank this many top suspects by the real metric, "
+                                              "each kept in float alone (each costs a trial)")
     samples: PositiveInt = Field(64, description="calibration samples the SQNR ranking runs on")
 
 
@@ -65,7 +66,8 @@ class QuantizeOptions(Strict):
     mode: Literal["dynamic", "static"]
     preset: Literal[(presets.AUTO, *presets.PRESETS)] | None = Field(  # type: ignore[valid-type]
         None, description="target preset (see pipeline/presets.py): fills the options this step leaves unset. "
-        "In a recipe a step without one is auto: the preset for the recipe's target; null keeps ONNX Runtime's defaults")
+        "In a recipe a step without one is auto: the preset for the recipe's target; "
+        "null keeps ONNX Runtime's defaults")
     backend: Literal["ort", "modelopt"] = "ort"
     format: Literal["qdq", "qoperator"] = "qdq"
     per_channel: bool = False
@@ -81,7 +83,8 @@ class QuantizeOptions(Strict):
     dedicated_qdq_pairs: bool = Field(False, description="a Q/DQ pair per consumer and on every weight (for TensorRT)")
     exclude_nodes: list[str] = Field(default_factory=list, description="node names kept in float")
     exclude_op_types: list[str] = Field(default_factory=list, description="op types kept in float")
-    fallback: FallbackOptions | None = Field(None, description="keep harmful nodes in float until validate.accuracy holds")
+    fallback: FallbackOptions | None = Field(
+        None, description="keep harmful nodes in float until validate.accuracy holds")
 
     @model_validator(mode="before")
     @classmethod

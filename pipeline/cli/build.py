@@ -38,9 +38,11 @@ if TYPE_CHECKING:
 @app.command()
 def run(
     recipe: RecipeArg,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="output folder (default: out/<recipe name>)")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="output folder (default: out/<recipe name>)")] = None,
     cache_dir: CacheOpt = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="rebuild every step (results still refresh the cache)")] = False,
+    no_cache: Annotated[bool, typer.Option(
+        "--no-cache", help="rebuild every step (results still refresh the cache)")] = False,
     require: RequireOpt = None,
     tracking_uri: TrackingOpt = None,
 ) -> None:
@@ -65,7 +67,8 @@ def run(
     _print_gates(outcome)
     done = flow.publish(loaded, outcome, tracking_uri)
     if done is not None:
-        how = f"reused version {done.version} (same model and recipe)" if done.reused else f"registered version {done.version}"
+        how = (f"reused version {done.version} (same model and recipe)" if done.reused
+               else f"registered version {done.version}")
         what = (f"candidate {outcome.report.selected}" if outcome.report.passed
                 else "the FP32 baseline: no candidate passed")
         out.print(Text.assemble(("published: ", "green"), f"{done.uri} -> {done.name} {how} ({what})"), soft_wrap=True)
@@ -75,7 +78,8 @@ def run(
 @app.command("validate")
 def validate_cmd(
     recipe: RecipeArg,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="folder an earlier `temper run` wrote (default: out/<recipe name>)")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="folder an earlier `temper run` wrote (default: out/<recipe name>)")] = None,
     cache_dir: CacheOpt = None,
     require: RequireOpt = None,
 ) -> None:
@@ -104,7 +108,9 @@ def sensitivity(
     recipe: RecipeArg,
     candidate: Annotated[str, typer.Option("--candidate", help="candidate with a static quantize step")],
     top: Annotated[int, typer.Option("--top", min=1, help="rows to print")] = 20,
-    samples: Annotated[int | None, typer.Option("--samples", min=1, help="calibration samples to measure on (default: the step's fallback.samples, else 64)")] = None,
+    samples: Annotated[int | None, typer.Option(
+        "--samples", min=1, help="calibration samples to measure on "
+                                 "(default: the step's fallback.samples, else 64)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the whole ranking as JSON on stdout")] = False,
     cache_dir: CacheOpt = None,
 ) -> None:
@@ -119,12 +125,15 @@ def sensitivity(
         print(json.dumps([r.as_dict() for r in ranking], indent=2))
         return
     table = Table(title=f"{candidate}: nodes by INT8 sensitivity (most harmful first)", title_justify="left")
-    for col, justify in (("rank", "right"), ("node", "left"), ("op", "left"), ("SQNR dB", "right"), ("output vs float dB", "right")):
+    for col, justify in (("rank", "right"), ("node", "left"), ("op", "left"), ("SQNR dB", "right"),
+                         ("output vs float dB", "right")):
         table.add_column(col, justify=justify)
     for index, r in enumerate(ranking[:top], 1):
-        table.add_row(str(index), r.node, r.op_type, f"{r.sqnr_db:.1f}", "-" if r.accumulated_db is None else f"{r.accumulated_db:.1f}")
+        table.add_row(str(index), r.node, r.op_type, f"{r.sqnr_db:.1f}",
+                      "-" if r.accumulated_db is None else f"{r.accumulated_db:.1f}")
     table.caption = (f"{len(ranking)} quantized nodes; SQNR of the quantized tensors each touches (-200: NaN/Inf where "
-                     "the float model has numbers). Keep the top ones in float with exclude_nodes, or let fallback: do it.")
+                     "the float model has numbers). Keep the top ones in float with exclude_nodes, "
+                     "or let fallback: do it.")
     out.print(table)
 
 
@@ -145,10 +154,12 @@ def _print_gates(outcome: flow.Outcome) -> None:
         tuning = c.tuning
         if tuning and not tuning.met:
             best = tuning.trials[tuning.best]
-            err.print(Text.assemble(("fallback: ", "red"), f"{name} missed the budget after {len(tuning.trials)} trials: "
+            err.print(Text.assemble(("fallback: ", "red"),
+                                    f"{name} missed the budget after {len(tuning.trials)} trials: "
                                     f"best {tuning.metric} drop {best.drop:+.4f} (allowed {tuning.allowed_drop:.4f}) "
-                                    f"with {len(best.float_nodes)} nodes in float; that model is kept, every trial is in "
-                                    "report.md. Raise fallback.max_trials or the budget."), soft_wrap=True)
+                                    f"with {len(best.float_nodes)} nodes in float; that model is kept, "
+                                    "every trial is in report.md. Raise fallback.max_trials or the budget."),
+                      soft_wrap=True)
     out.print(Text.assemble(("selected: ", "green"), verdict.selected))
     if verdict.selection_reason:
         out.print(verdict.selection_reason, soft_wrap=True)
@@ -181,7 +192,8 @@ def _gate_table(verdict: Report) -> Table:
 
 def _summary(result: RunResult) -> Table:
     table = Table(title="temper run", title_justify="left")
-    for col, justify in (("model", "left"), ("status", "left"), ("size", "right"), ("steps (time)", "left"), ("total", "right")):
+    for col, justify in (("model", "left"), ("status", "left"), ("size", "right"), ("steps (time)", "left"),
+                         ("total", "right")):
         table.add_column(col, justify=justify)
     rows = [("baseline", result.baseline, None)]
     rows += [(c.name, c.records, c.error) for c in result.candidates]

@@ -19,9 +19,12 @@ DEBUG = {"on": False}
 COMMAND: dict[str, str | None] = {"name": None}  # the subcommand running, for the line an interruption prints
 
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
-CacheOpt = Annotated[Path | None, typer.Option("--cache-dir", help="step cache (default: $TEMPER_CACHE_DIR, else the user cache folder, e.g. ~/.cache/temper)")]
-TrackingOpt = Annotated[str | None, typer.Option("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")]
-RequireOpt = Annotated[list[str] | None, typer.Option("--require", help="exit 1 unless this candidate passed every gate (repeatable)")]
+CacheOpt = Annotated[Path | None, typer.Option(
+    "--cache-dir", help="step cache (default: $TEMPER_CACHE_DIR, else the user cache folder, e.g. ~/.cache/temper)")]
+TrackingOpt = Annotated[str | None, typer.Option(
+    "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")]
+RequireOpt = Annotated[list[str] | None, typer.Option(
+    "--require", help="exit 1 unless this candidate passed every gate (repeatable)")]
 
 
 def step_cache(folder: Path | None, enabled: bool = True) -> StepCache:

@@ -60,7 +60,8 @@ def serve(
     model: Annotated[str, typer.Argument(
         help="serving bundle folder; a run's output folder (its selected model) or OUTPUT/CANDIDATE; "
              "or models:/NAME@ALIAS or models:/NAME/VERSION", show_default=False)],
-    host: Annotated[str, typer.Option("--host", help="address to bind; 0.0.0.0 exposes the server beyond this machine")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(
+        "--host", help="address to bind; 0.0.0.0 exposes the server beyond this machine")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port")] = 8000,
     max_body_mb: Annotated[float | None, typer.Option(
         "--max-body-mb", help="refuse larger request bodies with HTTP 413 [default: a full batch of the model's "
@@ -68,7 +69,8 @@ def serve(
     max_connections: Annotated[int | None, typer.Option(
         "--max-connections", min=1, help="open HTTP connections at most; one more closes the longest idle one "
                                          "[default: what the open-file limit leaves room for, at most 4096]")] = None,
-    grpc_port: Annotated[int | None, typer.Option("--grpc-port", min=1, max=65535, help="also serve KServe v2 gRPC on this port (needs the grpc extra)")] = None,
+    grpc_port: Annotated[int | None, typer.Option(
+        "--grpc-port", min=1, max=65535, help="also serve KServe v2 gRPC on this port (needs the grpc extra)")] = None,
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Serve a bundle over the Open Inference Protocol (KServe v2 REST, and gRPC with --grpc-port): dynamic batching,
@@ -108,7 +110,8 @@ def serve(
                 grpc_server.start()
             except OSError as exc:
                 raise EnvironmentProblem(f"--grpc-port: {exc}") from None
-            out.print(f"serving {name} over gRPC (KServe v2 GRPCInferenceService) at {host}:{grpc_port}", soft_wrap=True)
+            out.print(f"serving {name} over gRPC (KServe v2 GRPCInferenceService) at {host}:{grpc_port}",
+                      soft_wrap=True)
         try:
             run_server(runtime, sock, max_body, max_connections)
         finally:

@@ -21,7 +21,8 @@ def bench(
     provider: Annotated[str, typer.Option("--provider", help="cpu, cuda or tensorrt")] = "cpu",
     duration: Annotated[float, typer.Option("--duration", help="timed seconds per batch size")] = 3.0,
     warmup: Annotated[float, typer.Option("--warmup", help="warm-up seconds per batch size")] = 0.5,
-    dim: Annotated[list[str] | None, typer.Option("--dim", help="NAME=SIZE for a symbolic dim other than the batch dim (repeatable)")] = None,
+    dim: Annotated[list[str] | None, typer.Option(
+        "--dim", help="NAME=SIZE for a symbolic dim other than the batch dim (repeatable)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of measurements on stdout")] = False,
 ) -> None:
     """Measure samples/s and latency percentiles of one model at each batch size, on random inputs.
@@ -81,7 +82,8 @@ def bench(
         except TemperError:
             raise
         except Exception as exc:  # onnxruntime's error classes share no base; --debug keeps the cause
-            raise RecipeError(file, "MODEL", f"onnxruntime cannot run it at batch size {size}: {first_line(exc)}") from exc
+            raise RecipeError(file, "MODEL",
+                              f"onnxruntime cannot run it at batch size {size}: {first_line(exc)}") from exc
     if as_json:
         print(json.dumps([m.as_dict() for m in results], indent=2))
         return

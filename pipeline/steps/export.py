@@ -66,7 +66,8 @@ def export(module: torch.nn.Module, spec: ModelSpec, sample: Batch, dst: Path, s
     onnx_io.save(exported, dst)  # inline the weights the dynamo exporter writes beside the file
     expected_list = [expected] if isinstance(expected, torch.Tensor) else list(expected)
     if len(expected_list) != len(spec.outputs):
-        raise StepFailed(f"export: the module returns {len(expected_list)} outputs but model.outputs names {len(spec.outputs)}")
+        raise StepFailed(f"export: the module returns {len(expected_list)} outputs "
+                         f"but model.outputs names {len(spec.outputs)}")
     got = onnx_io.run(dst, feed)
     for name, ref, out in zip(spec.outputs, expected_list, got):
         result = compare(name, ref.detach().numpy(), out, atol=opts.atol, rtol=opts.rtol)

@@ -37,11 +37,13 @@ def _check_input(name: str, given: list[int], have: Shape, bound: dict[str, tupl
         raise OptionError(key, f"{given} has rank {len(given)} but input '{name}' is {_show(have)} (rank {len(have)})")
     for axis, (value, dim) in enumerate(zip(given, have)):
         if isinstance(dim, int) and dim > 0 and value != dim:
-            raise OptionError(key, f"axis {axis} of '{name}' is fixed at {dim} in the model ({_show(have)}), not {value}")
+            raise OptionError(key,
+                              f"axis {axis} of '{name}' is fixed at {dim} in the model ({_show(have)}), not {value}")
         if isinstance(dim, str) and dim in bound:
             earlier, where = bound[dim]
             if earlier != value:
-                raise OptionError(key, f"axis {axis} of '{name}' is dim '{dim}', which {where} sets to {earlier}, not {value}")
+                raise OptionError(key, f"axis {axis} of '{name}' is dim '{dim}', "
+                                       f"which {where} sets to {earlier}, not {value}")
 
 
 class FixShapes(Step[FixShapesOptions]):
@@ -58,7 +60,8 @@ class FixShapes(Step[FixShapesOptions]):
             if dim not in symbolic:
                 inputs = ", ".join(f"{name} {_show(shape)}" for name, shape in shapes.items())
                 have = ", ".join(symbolic) if symbolic else f"none (inputs: {inputs})"
-                raise OptionError(f"dims.{dim}", f"no input has a dim named '{dim}'; symbolic dims in this model: {have}")
+                raise OptionError(f"dims.{dim}",
+                                  f"no input has a dim named '{dim}'; symbolic dims in this model: {have}")
         bound = {dim: (value, f"dims.{dim}") for dim, value in options.dims.items()}
         for name, given in options.inputs.items():
             if name not in shapes:

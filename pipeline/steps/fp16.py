@@ -129,10 +129,12 @@ def _blame(name: str, twin: str | None, full: onnx.ModelProto, node: onnx.NodePr
     readers = [n.name for n in full.graph.node if twin in n.input]
     if source is None and not readers:  # no FP32 twin: name what the converted graph has
         source = node
-    origin = f"output of node '{source.name}' ({source.op_type})" if source else f"the float16 copy of model input '{twin}'"
+    origin = (f"output of node '{source.name}' ({source.op_type})" if source
+              else f"the float16 copy of model input '{twin}'")
     block = ", ".join(f"'{n}'" for n in ([source.name] if source else []) + readers)
     who = "that node and its readers" if source else "the nodes reading it"
-    return f"'{name}', {origin}", f"keep {who} in FP32 with node_block_list [{block}], or their op types with op_block_list"
+    return (f"'{name}', {origin}",
+            f"keep {who} in FP32 with node_block_list [{block}], or their op types with op_block_list")
 
 
 class Fp16(Step[Fp16Options]):
@@ -176,7 +178,8 @@ class Fp16(Step[Fp16Options]):
         try:
             session(dst)
         except Exception as err:
-            raise StepFailed(f"fp16: the converted model does not load in onnxruntime: {first_line(err)}; {HINT}") from err
+            raise StepFailed(f"fp16: the converted model does not load in onnxruntime: "
+                             f"{first_line(err)}; {HINT}") from err
         self._check_finite(src, inferred, dst, ctx.sample())
 
     @staticmethod

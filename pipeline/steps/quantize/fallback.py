@@ -43,7 +43,8 @@ def tune(prepared: quantize_static.Prepared, dst: Path, options: QuantizeOptions
     tuner = _Tuner(prepared, options, keep_float, scorer, scratch / "trial.onnx")
     ranking: list[sensitivity.NodeSensitivity] = []
     if not tuner.attempt("plain", []).passed:  # ranked even with no trial left: the report shows it
-        ranking = [r for r in sensitivity.rank(prepared, options, first_samples(feeds, options.fallback.samples), scratch)
+        ranking = [r for r in sensitivity.rank(prepared, options, first_samples(feeds, options.fallback.samples),
+                                               scratch)
                    if r.node not in keep_float]
         order = tuner.refine([r.node for r in ranking], options.fallback)
         tuner.accumulate(order, _blocks(ranking))
@@ -61,7 +62,8 @@ def tune(prepared: quantize_static.Prepared, dst: Path, options: QuantizeOptions
 class _Tuner:
     def __init__(self, prepared: quantize_static.Prepared, options: QuantizeOptions, keep_float: list[str],
                  scorer: Scorer, path: Path) -> None:
-        self.prepared, self.options, self.keep_float, self.scorer, self.path = prepared, options, keep_float, scorer, path
+        self.prepared, self.options, self.keep_float = prepared, options, keep_float
+        self.scorer, self.path = scorer, path
         self.trials: list[Trial] = []
         self.tried: dict[frozenset[str], Trial] = {}
 

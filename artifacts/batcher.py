@@ -66,7 +66,8 @@ class Batcher:
     execution, success and failure from the queue onwards.
     """
 
-    def __init__(self, config: ServingConfig, max_rows: int, run: Callable[[Arrays], Arrays], counters: Counters) -> None:
+    def __init__(self, config: ServingConfig, max_rows: int, run: Callable[[Arrays], Arrays],
+                 counters: Counters) -> None:
         self.config = config
         self.max_rows = max_rows
         self.counters = counters

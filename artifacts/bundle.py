@@ -42,12 +42,14 @@ class ServingConfig(BaseModel):
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     max_batch_size: PositiveInt = 16
-    max_delay_ms: float = Field(10.0, ge=0, description="wait this long to fill a batch, only while requests keep arriving")
+    max_delay_ms: float = Field(
+        10.0, ge=0, description="wait this long to fill a batch, only while requests keep arriving")
     max_queue: PositiveInt = 256
     timeout_s: float = Field(30.0, gt=0, description="a request not answered by then fails")
     pad: dict[str, int | float] = Field(
         default_factory=dict,
-        description="inputs padded along axis 1 to the longest in a batch (token ids, attention mask) and the value to pad with",
+        description="inputs padded along axis 1 to the longest in a batch (token ids, attention mask) "
+                    "and the value to pad with",
     )
     measured_on: HostProfile | None = Field(
         None,
@@ -71,7 +73,8 @@ def config_for(model_path: Path, name: str, **serving: object) -> ServingConfig:
     model = onnx.load(str(model_path), load_external_data=False)
     initializers = {i.name for i in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in initializers]
-    return ServingConfig(name=name, inputs=tensor_specs(inputs), outputs=tensor_specs(list(model.graph.output)), **serving)
+    return ServingConfig(name=name, inputs=tensor_specs(inputs), outputs=tensor_specs(list(model.graph.output)),
+                         **serving)
 
 
 def write(dest: Path, model_path: Path, config: ServingConfig, extras: list[Path] = ()) -> Path:
@@ -85,7 +88,8 @@ def write(dest: Path, model_path: Path, config: ServingConfig, extras: list[Path
         model = onnx.load(str(model_path))
         large = any(t.data_location == onnx.TensorProto.EXTERNAL for t in
                     onnx.load(str(model_path), load_external_data=False).graph.initializer)
-        onnx.save_model(model, str(dest / MODEL), save_as_external_data=large, location=MODEL + ".data" if large else None)
+        onnx.save_model(model, str(dest / MODEL), save_as_external_data=large,
+                        location=MODEL + ".data" if large else None)
     (dest / CONFIG).write_text(config.model_dump_json(indent=2) + "\n")
     for extra in extras:
         shutil.copy2(extra, dest / extra.name)

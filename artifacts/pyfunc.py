@@ -47,7 +47,8 @@ class TemperModel(mlflow.pyfunc.PythonModel):
 
     # model_input is deliberately unannotated: MLflow derives a schema from that type hint
     # and would replace the ServingConfig signature with it.
-    def predict(self, context: mlflow.pyfunc.PythonModelContext, model_input, params: dict | None = None) -> dict[str, np.ndarray]:
+    def predict(self, context: mlflow.pyfunc.PythonModelContext, model_input,
+                params: dict | None = None) -> dict[str, np.ndarray]:
         """Accepts a dict of arrays, one array (single-input models) or a DataFrame whose
         columns are input names and whose cells are rows (lists or arrays); arrays of another
         numeric dtype are cast when their values fit (see conform)."""
@@ -68,12 +69,15 @@ def as_inputs(model_input: object, config: ServingConfig) -> dict[str, np.ndarra
         unknown = sorted(set(model_input.columns) - set(dtypes))
         if unknown:
             raise RequestError(f"unknown input column(s) {unknown}; expected {sorted(dtypes)}")
-        return {name: np.stack([np.asarray(cell) for cell in model_input[name]]).astype(dtypes[name]) for name in model_input.columns}
+        return {name: np.stack([np.asarray(cell) for cell in model_input[name]]).astype(dtypes[name])
+                for name in model_input.columns}
     if isinstance(model_input, np.ndarray):
         if len(config.inputs) != 1:
-            raise RequestError(f"this model has {len(config.inputs)} inputs; pass a dict or DataFrame keyed by {[s.name for s in config.inputs]}")
+            raise RequestError(f"this model has {len(config.inputs)} inputs; "
+                               f"pass a dict or DataFrame keyed by {[s.name for s in config.inputs]}")
         return {config.inputs[0].name: model_input}
-    raise RequestError(f"unsupported input type {type(model_input).__name__}: pass a dict of arrays, an array or a DataFrame")
+    raise RequestError(f"unsupported input type {type(model_input).__name__}: "
+                       "pass a dict of arrays, an array or a DataFrame")
 
 
 def conform(inputs: dict[str, np.ndarray], config: ServingConfig) -> dict[str, np.ndarray]:

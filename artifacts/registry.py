@@ -88,7 +88,8 @@ def record_run(
     return run.info.run_id, model_uri
 
 
-def register(client: MlflowClient, *, name: str, alias: str, run_id: str, model_uri: str, tags: dict[str, str]) -> Published:
+def register(client: MlflowClient, *, name: str, alias: str, run_id: str, model_uri: str,
+             tags: dict[str, str]) -> Published:
     """Register the logged model (or reuse the version holding the same model and recipe) and move the alias.
     Called only after every artifact is logged, so an interruption never leaves a half-made version."""
     existing = _same_version(client, name, tags["model_sha256"], tags["recipe_sha256"])

@@ -135,7 +135,8 @@ class RestCodec:
             wanted.append((name, bool(params.get("binary_data", default)) if isinstance(params, dict) else default))
         return wanted
 
-    def encode(self, request_id: str | None, results: dict[str, np.ndarray], wanted: list[tuple[str, bool]]) -> Response:
+    def encode(self, request_id: str | None, results: dict[str, np.ndarray],
+               wanted: list[tuple[str, bool]]) -> Response:
         """The 200 response carrying `wanted` of `results`: JSON, or a JSON header and binary data
         when any output is asked for as binary."""
         outputs, blobs = [], []

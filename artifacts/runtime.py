@@ -100,7 +100,8 @@ class Runtime:
         began = time.perf_counter()
         for rows in sizes:
             self._run(self._warmup_inputs(rows))
-        log.info("%s: warmed up batch sizes up to %d in %.2fs", self.config.name, self.max_rows, time.perf_counter() - began)
+        log.info("%s: warmed up batch sizes up to %d in %.2fs", self.config.name, self.max_rows,
+                 time.perf_counter() - began)
 
     def start(self) -> None:
         """Pick the thread count, warm up, then start the single batching thread; only then
@@ -195,10 +196,12 @@ class Runtime:
             if array.dtype.kind == "f" and not np.isfinite(array).all():
                 raise RequestError(f"input {name!r} holds NaN or infinite values")
             if array.ndim != len(spec.shape):
-                raise RequestError(f"input {name!r} has shape {list(array.shape)}, expected rank {len(spec.shape)} like {spec.shape}")
+                raise RequestError(f"input {name!r} has shape {list(array.shape)}, "
+                                   f"expected rank {len(spec.shape)} like {spec.shape}")
             for axis, (got, want) in enumerate(zip(array.shape, spec.shape)):
                 if axis and want > 0 and got != want:
-                    raise RequestError(f"input {name!r} has shape {list(array.shape)}, expected {spec.shape} (-1 = any)")
+                    raise RequestError(f"input {name!r} has shape {list(array.shape)}, "
+                                       f"expected {spec.shape} (-1 = any)")
             rows.add(array.shape[0])
         if len(rows) > 1:
             raise RequestError(f"inputs disagree on the number of rows: {sorted(rows)}")

@@ -37,7 +37,8 @@ def load(source: DataSource, base: Path, recipe_file: str, key: str, input_names
     if source.columns is not None:
         missing = [c for c in source.columns if c not in columns]
         if missing:
-            raise RecipeError(recipe_file, f"{key}.columns", f"no column {missing[0]!r}; the data has: {', '.join(columns)}")
+            raise RecipeError(recipe_file, f"{key}.columns",
+                              f"no column {missing[0]!r}; the data has: {', '.join(columns)}")
         keep = set(source.columns) | ({source.label} if source.label else set())
         columns = {k: v for k, v in columns.items() if k in keep}
     count = _length(columns, recipe_file, key)
@@ -48,13 +49,15 @@ def load(source: DataSource, base: Path, recipe_file: str, key: str, input_names
     labels = None
     if source.label is not None:
         if source.label not in columns:
-            raise RecipeError(recipe_file, f"{key}.label", f"no column {source.label!r}; the data has: {', '.join(columns)}")
+            raise RecipeError(recipe_file, f"{key}.label",
+                              f"no column {source.label!r}; the data has: {', '.join(columns)}")
         labels = np.asarray(columns.pop(source.label))
     if source.preprocess is not None:
         fn = load_callable(source.preprocess, base, recipe_file, f"{key}.preprocess")
         columns = call_user(fn, recipe_file, f"{key}.preprocess", columns)
         if not isinstance(columns, dict):
-            raise RecipeError(recipe_file, f"{key}.preprocess", f"must return a dict of arrays, got {type(columns).__name__}")
+            raise RecipeError(recipe_file, f"{key}.preprocess",
+                              f"must return a dict of arrays, got {type(columns).__name__}")
     features = {k: np.asarray(v) for k, v in columns.items() if k in input_names}
     missing = [n for n in input_names if n not in features]
     if missing:
@@ -79,7 +82,8 @@ def _read(source: DataSource, base: Path, recipe_file: str, key: str, input_name
     try:
         if path.suffix == ".npy":
             if len(input_names) != 1:
-                raise RecipeError(recipe_file, f"{key}.path", "a .npy file holds one array; use .npz (one array per input)")
+                raise RecipeError(recipe_file, f"{key}.path",
+                                  "a .npy file holds one array; use .npz (one array per input)")
             return {input_names[0]: np.load(path)}
         if path.suffix == ".npz":
             with np.load(path) as archive:
@@ -96,7 +100,9 @@ def _read(source: DataSource, base: Path, recipe_file: str, key: str, input_name
                 loaded = loaded[source.split]
             return _columns_of(loaded, recipe_file, key)
         if path.suffix not in TABLE_FORMATS:
-            raise RecipeError(recipe_file, f"{key}.path", f"unsupported file type '{path.suffix}' (use {', '.join([*TABLE_FORMATS, '.npy', '.npz'])} or a save_to_disk folder)")
+            raise RecipeError(recipe_file, f"{key}.path",
+                              f"unsupported file type '{path.suffix}' "
+                              f"(use {', '.join([*TABLE_FORMATS, '.npy', '.npz'])} or a save_to_disk folder)")
         _has_rows(path, recipe_file, key)
         table = datasets.load_dataset(TABLE_FORMATS[path.suffix], data_files=str(path), split="train")
         return _columns_of(table, recipe_file, key)

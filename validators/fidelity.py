@@ -63,7 +63,8 @@ def fidelity_gates(comparisons: list[OutputComparison], spec: ValidateSpec) -> l
         gates.append(Gate(f"fidelity.{c.name}.finite", c.nonfinite == 0, float(c.nonfinite), 0.0,
                           f"{c.nonfinite} NaN/Inf values" if c.nonfinite else "all values finite"))
         if spec.fidelity and spec.fidelity.cosine_min is not None:
-            gates.append(at_least(f"fidelity.{c.name}.cosine", c.cosine, spec.fidelity.cosine_min, "cosine to baseline"))
+            gates.append(at_least(f"fidelity.{c.name}.cosine", c.cosine, spec.fidelity.cosine_min,
+                                  "cosine to baseline"))
         if spec.fidelity and spec.fidelity.atol is not None:
             gates.append(at_most(f"fidelity.{c.name}.max_abs", c.max_abs, spec.fidelity.atol, "max abs error"))
     return gates

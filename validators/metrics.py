@@ -110,7 +110,8 @@ def _class_scores(name: str, k: int) -> Callable[[np.ndarray, np.ndarray | None]
             return (f"{name} needs a 2-D output [rows, classes] with one score per class, "
                     f"but the output has shape {list(outputs.shape)}; {EMBEDDING_ADVICE}")
         if labels.ndim != 1 or len(labels) != len(outputs):
-            return f"{name} needs one label per row: labels have shape {list(labels.shape)}, the output {len(outputs)} rows"
+            return (f"{name} needs one label per row: labels have shape {list(labels.shape)}, "
+                    f"the output {len(outputs)} rows")
         if not np.issubdtype(labels.dtype, np.integer) or (labels.size and labels.min() < 0):
             return f"{name} needs integer class ids 0..C-1 as labels, got {labels.dtype} labels; or use metric: probe"
         classes = int(labels.max()) + 1 if labels.size else 0
@@ -174,7 +175,8 @@ def _mse(data: MetricData) -> float:
 def _probe_fits(outputs: np.ndarray, labels: np.ndarray | None) -> str | None:
     assert labels is not None  # Metric.fits reports missing labels first
     if outputs.ndim != 2:
-        return f"probe trains a classifier on row vectors [rows, features], but the output has shape {list(outputs.shape)}"
+        return ("probe trains a classifier on row vectors [rows, features], "
+                f"but the output has shape {list(outputs.shape)}")
     if labels.ndim != 1 or len(labels) != len(outputs):
         return f"probe needs one label per row: labels have shape {list(labels.shape)}, the output {len(outputs)} rows"
     return None
@@ -189,7 +191,8 @@ def _probe(data: MetricData) -> float:
     from sklearn.linear_model import LogisticRegression
 
     if data.train_outputs is None or data.train_labels is None:
-        raise ValueError("metric probe needs labelled calibration data: set data.calibration and data.calibration.label")
+        raise ValueError("metric probe needs labelled calibration data: "
+                         "set data.calibration and data.calibration.label")
     if len(np.unique(data.train_labels)) < 2:
         raise ValueError("metric probe needs at least two classes among the calibration labels")
     probe = LogisticRegression(max_iter=1000).fit(data.train_outputs, data.train_labels)

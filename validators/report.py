@@ -60,7 +60,8 @@ def markdown(report: Readable) -> str:
         size = f"{c.bytes / 1024:,.0f} KiB" if c.bytes else "—"
         row = f"| {name} | {'pass' if c.passed else 'FAIL'} | {size} | "
         if metric:
-            row += (f"{c.metric:.4f} | {c.drop:+.4f} (max {report.allowed_drop:.4f}) | " if c.metric is not None else "— | — | ")
+            row += (f"{c.metric:.4f} | {c.drop:+.4f} (max {report.allowed_drop:.4f}) | " if c.metric is not None
+                    else "— | — | ")
         lines.append(row + failed + " |")
     lines += _fidelity_section(report)
     if report.baseline.throughput:
@@ -70,7 +71,8 @@ def markdown(report: Readable) -> str:
                   f"Speedup: geometric mean of paired per-round ratios, [{policy.confidence:.0%} confidence "
                   "interval]; spread: fastest vs slowest round of that model; load: 1-minute load average, "
                   "% CPU stolen by the hypervisor, % of all CPUs busy while that batch size was measured.", "",
-                  "| model | provider | batch | samples/s | speedup | rounds | spread | p50 ms | p99 ms | load / steal / busy |",
+                  "| model | provider | batch | samples/s | speedup | rounds | spread | p50 ms | p99 ms "
+                  "| load / steal / busy |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         rows = [("baseline", m, speedup_text({"speedup": 1.0})) for m in report.baseline.throughput]
         rows += [(n, m, speedup_text(m)) for n, c in report.candidates.items() for m in c.throughput]
@@ -125,7 +127,8 @@ def _fidelity_section(report: Report) -> list[str]:
     if not rows:
         return []
     lines = ["", "## Fidelity (per output, vs the baseline)", "",
-             "| candidate | output | cosine | max abs | mean abs | p99 abs | NaN/Inf |", "|---|---|---|---|---|---|---|"]
+             "| candidate | output | cosine | max abs | mean abs | p99 abs | NaN/Inf |",
+             "|---|---|---|---|---|---|---|"]
     for name, f in rows:
         lines.append(f"| {name} | {f.name} | {f.cosine:.6f} | {f.max_abs:.4g} | {f.mean_abs:.4g} | "
                      f"{f.p99_abs:.4g} | {f.nonfinite} |")
@@ -140,9 +143,11 @@ def _search_section(name: str, report: Report) -> list[str]:
         c = report.candidates[trial]
         speed = max(c.throughput, key=lambda m: m.batch_size).samples_per_s if c.throughput else None
         lines.append(f"| {trial} | {'pass' if c.passed else 'FAIL'} | "
-                     f"{'—' if c.drop is None else format(c.drop, '+.4f')} | {'—' if speed is None else format(speed, ',.0f')} |")
+                     f"{'—' if c.drop is None else format(c.drop, '+.4f')} | "
+                     f"{'—' if speed is None else format(speed, ',.0f')} |")
     if search.combinations > len(search.trials):
-        lines += ["", f"{search.combinations - len(search.trials)} combinations not built: raise max_trials to try them."]
+        lines += ["", f"{search.combinations - len(search.trials)} combinations not built: "
+                      "raise max_trials to try them."]
     return lines
 
 
@@ -151,11 +156,13 @@ def _tuning_section(name: str, tuning: Tuning) -> list[str]:
     lines = ["", f"## Fallback: {name}", "",
              f"Budget: {tuning.metric} drop at most {tuning.allowed_drop:.4f} from {tuning.baseline_metric:.4f}; "
              f"{outcome}; {len(tuning.trials)} of at most {tuning.max_trials} trials; kept: trial {tuning.best}.", "",
-             "| trial | kind | nodes in float | metric | drop | cosine | samples/s | gates |", "|---|---|---|---|---|---|---|---|"]
+             "| trial | kind | nodes in float | metric | drop | cosine | samples/s | gates |",
+             "|---|---|---|---|---|---|---|---|"]
     for index, t in enumerate(tuning.trials):
         speed = "—" if t.samples_per_s is None else f"{t.samples_per_s:,.0f}"
         lines.append(f"| {index}{' (kept)' if index == tuning.best else ''} | {t.kind} | {len(t.float_nodes)} | "
-                     f"{t.metric:.4f} | {t.drop:+.4f} | {t.cosine:.4f} | {speed} | {'held' if t.passed else 'missed'} |")
+                     f"{t.metric:.4f} | {t.drop:+.4f} | {t.cosine:.4f} | {speed} | "
+                     f"{'held' if t.passed else 'missed'} |")
     kept = tuning.trials[tuning.best].float_nodes
     if kept:
         lines += ["", "Kept in float: " + ", ".join(f"`{n}`" for n in kept)]

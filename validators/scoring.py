@@ -56,19 +56,22 @@ def reference(spec: ValidateSpec, baseline: Path, baseline_outputs: dict[str, np
     metric = metrics.resolve(spec.accuracy, base, file)
     output = spec.accuracy.output or outputs[0]
     if output not in baseline_outputs:
-        raise RecipeError(file, "validate.accuracy.output", f"no output named '{output}'; outputs: {', '.join(baseline_outputs)}")
+        raise RecipeError(file, "validate.accuracy.output",
+                          f"no output named '{output}'; outputs: {', '.join(baseline_outputs)}")
     reason = metric.fits(baseline_outputs[output], evaluation.labels)
     if reason:
         raise RecipeError(file, metrics.KEY, reason)
     train = None
     if metric.needs_training:
         if calibration is None or calibration.labels is None:
-            raise RecipeError(file, metrics.KEY, "metric probe trains on the baseline's outputs of the calibration set: "
-                                               "add data.calibration with a label column")
+            raise RecipeError(file, metrics.KEY,
+                              "metric probe trains on the baseline's outputs of the calibration set: "
+                              "add data.calibration with a label column")
         train = predict(baseline, calibration.features, batch_size)[output], calibration.labels
     own = baseline_outputs[output]
     value = metric.score(metrics.MetricData(own, evaluation.labels, own, *(train or (None, None))))
-    return Reference(metric, output, evaluation.labels, own, train, value, metrics.allowed_drop(spec.accuracy.max_drop, value))
+    return Reference(metric, output, evaluation.labels, own, train, value,
+                     metrics.allowed_drop(spec.accuracy.max_drop, value))
 
 
 class GateScorer:

@@ -56,7 +56,8 @@ def require_available(provider: str) -> None:
     wanted, available = PROVIDERS[provider], ort.get_available_providers()
     if wanted not in available:
         raise EnvironmentProblem(
-            f"provider '{provider}' ({wanted}) requested but this onnxruntime has only {', '.join(available)}: {_INSTALL[provider]}"
+            f"provider '{provider}' ({wanted}) requested but this onnxruntime has only {', '.join(available)}: "
+            f"{_INSTALL[provider]}"
         )
 
 
@@ -136,7 +137,8 @@ def random_inputs(model: onnx.ModelProto, rows: int, sizes: dict[str, int]) -> d
                 missing.append(key)
     if missing:
         given = ", ".join(f"{k}={v}" for k, v in sizes.items()) or "none"
-        raise OptionError("--dim", f"symbolic dims need a size: {', '.join(missing)} (give --dim NAME=SIZE; given: {given})")
+        raise OptionError("--dim", f"symbolic dims need a size: {', '.join(missing)} "
+                                   f"(give --dim NAME=SIZE; given: {given})")
     feed: dict[str, np.ndarray] = {}
     for name, shape in shapes.items():
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(types[name]))
@@ -147,7 +149,8 @@ def random_inputs(model: onnx.ModelProto, rows: int, sizes: dict[str, int]) -> d
         elif dtype.kind == "b":
             feed[name] = rng.integers(0, 2, shape).astype(bool)
         else:
-            raise OptionError("MODEL", f"input '{name}' has type {dtype}, which random data cannot fill: use `temper run` with real data")
+            raise OptionError("MODEL", f"input '{name}' has type {dtype}, which random data cannot fill: "
+                                       "use `temper run` with real data")
     return feed
 
 

@@ -92,7 +92,8 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
     spec = subject.spec
     host = profile()
     built = {name: path for name, path in subject.candidates.items() if isinstance(path, Path)}
-    sample = {k: v[: max(spec.throughput.batch_sizes) if spec.throughput else 1] for k, v in subject.evaluation.features.items()}
+    sample = {k: v[: max(spec.throughput.batch_sizes) if spec.throughput else 1]
+              for k, v in subject.evaluation.features.items()}
     if spec.throughput:
         _precheck_throughput(subject, built, sample)
 
@@ -142,7 +143,8 @@ def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[
             try:
                 batch_of(structure, sample, size)
             except ValueError as exc:
-                raise RecipeError(subject.recipe_file, f"validate.throughput.batch_sizes[{index}]", f"{name}: {exc}") from None
+                raise RecipeError(subject.recipe_file, f"validate.throughput.batch_sizes[{index}]",
+                                  f"{name}: {exc}") from None
 
 
 ROUNDS = 5  # rounds every model gets; more only while a speed gate is undecided
@@ -257,7 +259,8 @@ def why_baseline(results: list[CandidateResult], host: HostProfile, precisions: 
         name = result.verdict.name
         if gate.name.startswith("throughput."):
             what = (f"{name} is {gate.measured:.2f}x the baseline at batch {gate.name.rsplit('.b', 1)[1]}"
-                    if gate.verdict == "fail" else f"{name}'s speedup could not be told from noise ({gate.measured:.2f}x)")
+                    if gate.verdict == "fail"
+                    else f"{name}'s speedup could not be told from noise ({gate.measured:.2f}x)")
             hint = _host_hint(precisions.get(name, ""), host, gate.name.split(".")[1])
             clauses.append(what + (f": {hint}" if hint else ""))
         elif gate.name == "build":
@@ -273,7 +276,8 @@ def _host_hint(precision: str, host: HostProfile, provider: str) -> str | None:
         return None
     if precision.startswith("int8") and host.x86 and host.features_known and not host.vnni:
         return f"this CPU ({host.cpu}) has no VNNI, so ONNX Runtime's INT8 kernels gain little or nothing over FP32"
-    if precision == "fp16" and host.features_known and "avx512_fp16" not in host.features and "fp16" not in host.features:
+    if (precision == "fp16" and host.features_known
+            and "avx512_fp16" not in host.features and "fp16" not in host.features):
         return f"this CPU ({host.cpu}) has no FP16 arithmetic, so FP16 runs through conversions to FP32"
     return None
 

@@ -110,7 +110,8 @@ def _recipe_name(recipe: Path) -> str:
     return name if isinstance(name, str) and name else recipe.stem
 
 
-def _run(temper: str, recipe: Path, output: Path, duration: float | None, env: dict[str, str]) -> tuple[int, float | None]:
+def _run(temper: str, recipe: Path, output: Path, duration: float | None,
+         env: dict[str, str]) -> tuple[int, float | None]:
     """Run temper on the recipe, or on a copy beside it (another throughput duration, no publish).
 
     Returns temper's exit code and the duration_s the run used (None: the recipe measures none)."""

@@ -114,7 +114,8 @@ class _Reader(CalibrationDataReader):
 
 
 def _options(candidate: Any) -> str:
-    return "; ".join(f"{s.name}: " + ", ".join(f"{k}={v}" for k, v in s.options.model_dump(exclude_defaults=True).items())
+    return "; ".join(f"{s.name}: " + ", ".join(f"{k}={v}"
+                                               for k, v in s.options.model_dump(exclude_defaults=True).items())
                      for s in candidate.steps)
 
 
@@ -130,7 +131,8 @@ def _table(recipe: str, chosen: str, options: str, report: Report) -> str:
         config = DEFAULTS.get(name, options)
         if c.drop is None:
             config = next(g.detail for g in c.gates if g.name == "build")
-        lines.append(f"| {name} | {drop} | " + " | ".join(f"{speeds[name].get(b, 0):,.0f}" for b in SIZES) + f" | {config} |")
+        lines.append(f"| {name} | {drop} | " + " | ".join(f"{speeds[name].get(b, 0):,.0f}" for b in SIZES)
+                     + f" | {config} |")
     base = {m.batch_size: m.samples_per_s for m in report.baseline.throughput}
     lines.append("| FP32 baseline | — | " + " | ".join(f"{base[b]:,.0f}" for b in SIZES) + " | |")
     ours = speeds[f"temper: {chosen}"]

@@ -11,7 +11,8 @@ from sklearn.model_selection import train_test_split
 def _split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     digits = load_digits()
     pixels = (digits.images / 16.0).astype(np.float32)[:, None, :, :]  # [n, 1, 8, 8] in [0, 1]
-    return train_test_split(pixels, digits.target.astype(np.int64), test_size=0.3, random_state=0, stratify=digits.target)
+    return train_test_split(pixels, digits.target.astype(np.int64), test_size=0.3, random_state=0,
+                            stratify=digits.target)
 
 
 def train() -> dict[str, np.ndarray]:

@@ -63,7 +63,8 @@ def test_save_to_disk_folder_needs_a_split(tmp_path):
 
 
 def test_callable_source_and_full_batches(tmp_path):
-    (tmp_path / "src.py").write_text("import numpy as np\ndef make():\n    return {'x': np.ones((70, 2), np.float32)}\n")
+    (tmp_path / "src.py").write_text("import numpy as np\ndef make():\n"
+                                     "    return {'x': np.ones((70, 2), np.float32)}\n")
     data = _load(tmp_path, callable="src.py:make")
     batches = data.batches(32)
     assert [b["x"].shape[0] for b in batches] == [32, 32]  # the short remainder (6) is dropped

@@ -279,7 +279,8 @@ def test_promote_names_the_argument_that_is_wrong(tracking_store: str) -> None:
     assert client.get_registered_model("tiny").aliases == {}
 
 
-@pytest.mark.parametrize("command", [["pull", "--dest", "bundle"], ["serve", "--port", "0"], ["export-triton", "--dest", "repo"]])
+@pytest.mark.parametrize("command", [["pull", "--dest", "bundle"], ["serve", "--port", "0"],
+                                     ["export-triton", "--dest", "repo"]])
 def test_registry_commands_tell_an_unknown_model_from_a_store_that_does_not_answer(command, tmp_path):
     """One resolver for every command: no such name/alias is bad input (2), an absent store the environment (3)."""
     name, *options = command

@@ -65,7 +65,8 @@ def test_a_step_s_own_settings_and_an_explicit_preset_beat_auto():
 
 def test_modelopt_steps_are_left_to_modelopt():
     choice = presets.choose(host=EPYC_VNNI)
-    options = QuantizeOptions.model_validate({"mode": "static", "backend": "modelopt"}, context={"preset_choice": choice})
+    options = QuantizeOptions.model_validate({"mode": "static", "backend": "modelopt"},
+                                             context={"preset_choice": choice})
     assert options.preset is None and options.activation_type == "int8"
 
 

@@ -92,7 +92,8 @@ def test_failed_candidate_is_reported_and_others_still_written(temper, digits, t
     # A value FP16 cannot hold: the fp16 candidate must fail its NaN/Inf check, not pass quietly.
     edit_recipe(digits, lambda d: d["data"]["evaluation"].update(preprocess="huge.py:scale"))
     (digits.parent / "huge.py").write_text("def scale(cols):\n    return {'pixels': cols['pixels'] * 1e6}\n")
-    edit_recipe(digits, lambda d: d["candidates"].update({"fp16": {"steps": [{"fp16": {"keep_io_types": True, "op_block_list": []}}]}}))
+    edit_recipe(digits, lambda d: d["candidates"].update(
+        {"fp16": {"steps": [{"fp16": {"keep_io_types": True, "op_block_list": []}}]}}))
     result = temper("run", digits, "--output", tmp_path / "out")
     assert result.code == 1
     assert "candidate fp16" in result.stderr

@@ -63,7 +63,8 @@ def test_missing_factory_file(temper, digits_dir, tmp_path):
     recipe = digits_dir / "digits-cnn.yaml"
     (digits_dir / "digits_model.py").unlink()
     out = tmp_path / "out"
-    _assert_bad_input(temper("run", recipe, "--output", out), recipe, "model.factory", "digits_model.py' not found", out)
+    _assert_bad_input(temper("run", recipe, "--output", out), recipe, "model.factory",
+                      "digits_model.py' not found", out)
 
 
 def test_missing_factory_function(temper, digits_dir):
@@ -90,7 +91,8 @@ def test_input_name_not_in_model(temper, tmp_path):
     data = _onnx_recipe(tmp_path)
     data["model"]["inputs"][0]["name"] = "pixels"
     recipe = _write(tmp_path, data)
-    _assert_bad_input(temper("check", recipe), recipe, "model.inputs[0].name", "'pixels' is not an input of tiny.onnx; its inputs: x")
+    _assert_bad_input(temper("check", recipe), recipe, "model.inputs[0].name",
+                      "'pixels' is not an input of tiny.onnx; its inputs: x")
 
 
 def test_dim_name_not_in_model_lists_real_ones(temper, tmp_path):
@@ -98,11 +100,13 @@ def test_dim_name_not_in_model_lists_real_ones(temper, tmp_path):
     recipe = _write(tmp_path, data)
     _assert_bad_input(temper("check", recipe), recipe, "candidates.fixed.steps[0].fix_shapes.dims.batsh", "batch")
     out = tmp_path / "out"
-    _assert_bad_input(temper("run", recipe, "--output", out), recipe, "candidates.fixed.steps[0].fix_shapes.dims.batsh", "batch", out)
+    _assert_bad_input(temper("run", recipe, "--output", out), recipe,
+                      "candidates.fixed.steps[0].fix_shapes.dims.batsh", "batch", out)
 
 
 def test_node_to_exclude_not_in_graph(temper, tmp_path):
-    data = _onnx_recipe(tmp_path, candidates={"int8": {"steps": [{"quantize": {"mode": "static", "exclude_nodes": ["matmul_O"]}}]}})
+    data = _onnx_recipe(tmp_path, candidates={"int8": {"steps": [
+        {"quantize": {"mode": "static", "exclude_nodes": ["matmul_O"]}}]}})
     recipe = _write(tmp_path, data)
     key = "candidates.int8.steps[0].quantize.exclude_nodes[0]"
     _assert_bad_input(temper("check", recipe), recipe, key, "matmul_0")
@@ -114,7 +118,8 @@ def test_node_to_exclude_not_in_graph(temper, tmp_path):
 def test_calibration_set_empty_or_smaller_than_a_batch(temper, tmp_path, rows):
     recipe = _write(tmp_path, _onnx_recipe(tmp_path))
     np.savez(tmp_path / "calib.npz", x=np.ones((rows, 4), np.float32))
-    key, fragment = ("data.calibration", "empty") if rows == 0 else ("data.calibration.batch_size", "fewer than one batch of 16")
+    key, fragment = (("data.calibration", "empty") if rows == 0
+                     else ("data.calibration.batch_size", "fewer than one batch of 16"))
     out = tmp_path / "out"
     _assert_bad_input(temper("run", recipe, "--output", out), recipe, key, fragment, out)
     _assert_bad_input(temper("check", recipe), recipe, key, fragment)

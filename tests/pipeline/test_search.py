@@ -20,7 +20,9 @@ def _int8_initializer_types(path: Path) -> set[int]:
     return {i.data_type for i in model.graph.initializer if i.data_type in (TensorProto.INT8, TensorProto.UINT8)}
 
 
-def test_a_search_builds_each_combination_up_to_max_trials_and_selects_the_fastest_passing(temper, gated_digits, tmp_path):
+def test_a_search_builds_each_combination_up_to_max_trials_and_selects_the_fastest_passing(
+    temper, gated_digits, tmp_path
+):
     def search(d: dict) -> None:
         d["candidates"] = {"int8": {"max_trials": 3, "steps": [
             {"quantize": {"mode": "static", "preset": ["avx512_vnni", "avx2"], "format": ["qdq", "qoperator"]}}]}}
@@ -31,7 +33,8 @@ def test_a_search_builds_each_combination_up_to_max_trials_and_selects_the_faste
     result = temper("run", gated_digits, "--output", out)
     assert result.code in (0, 1), result.stderr
     report = read_report(out)
-    trials = ["int8.preset-avx512_vnni.format-qdq", "int8.preset-avx512_vnni.format-qoperator", "int8.preset-avx2.format-qdq"]
+    trials = ["int8.preset-avx512_vnni.format-qdq", "int8.preset-avx512_vnni.format-qoperator",
+              "int8.preset-avx2.format-qdq"]
     assert report["searches"] == {"int8": {"trials": trials, "combinations": 4}}
     assert list(report["candidates"]) == trials  # the 4th combination was not built
 

@@ -35,7 +35,8 @@ def test_a_report_written_from_the_model_keeps_value_types():
     written = json.loads(dumps(Report.model_validate(sample_report())))
     int8 = written["candidates"]["int8"]
     assert isinstance(int8["bytes"], int) and isinstance(int8["throughput"][0]["batch_size"], int)
-    assert isinstance(int8["gates"][1]["interval"], list) and isinstance(int8["throughput"][0]["speedup_interval"], list)
+    assert (isinstance(int8["gates"][1]["interval"], list)
+            and isinstance(int8["throughput"][0]["speedup_interval"], list))
     assert isinstance(written["host"]["usable_cores"], int) and isinstance(written["baseline"]["metric"], float)
 
 

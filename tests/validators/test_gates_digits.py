@@ -11,7 +11,8 @@ from tests.unit.reports import read_report
 
 def _junit_failures(out: Path) -> set[tuple[str, str]]:
     root = ET.parse(out / "junit.xml").getroot()
-    return {(case.get("classname"), case.get("name")) for case in root.iter("testcase") if case.find("failure") is not None}
+    return {(case.get("classname"), case.get("name")) for case in root.iter("testcase")
+            if case.find("failure") is not None}
 
 
 def test_sensible_budget_passes_and_selects_the_fastest_passing(temper, gated_digits, tmp_path):
@@ -61,9 +62,11 @@ def test_impossible_budget_selects_the_baseline_and_says_why(temper, gated_digit
 def test_a_damaged_candidate_is_caught_by_the_accuracy_gate(temper, gated_digits, tmp_path):
     # Calibrating on 0..255 byte images for a model fed 0..1 floats: a classic preprocessing
     # mismatch. The ranges come out 255x too wide and INT8 resolution collapses.
-    (gated_digits.parent / "raw.py").write_text("def unnormalised(cols):\n    return {'pixels': cols['pixels'] * 255.0}\n")
+    (gated_digits.parent / "raw.py").write_text("def unnormalised(cols):\n"
+                                                "    return {'pixels': cols['pixels'] * 255.0}\n")
     edit_recipe(gated_digits, lambda d: d["data"]["calibration"].update(preprocess="raw.py:unnormalised"))
-    edit_recipe(gated_digits, lambda d: d["candidates"]["int8-static"]["steps"][0]["quantize"].update(calibration="minmax", per_channel=False))
+    edit_recipe(gated_digits, lambda d: d["candidates"]["int8-static"]["steps"][0]["quantize"].update(
+        calibration="minmax", per_channel=False))
     out = tmp_path / "out"
     result = temper("run", gated_digits, "--output", out, "--require", "int8-static")
     assert result.code == 1
@@ -88,7 +91,8 @@ def test_validate_regates_an_existing_folder_without_rebuilding(temper, gated_di
     assert result.code == 0 and (report["passed"] or report["selected"] == "baseline")
     assert (out / "manifest.json").read_bytes() == manifest_before  # nothing rebuilt or rewritten
 
-    edit_recipe(gated_digits, lambda d: d["candidates"]["int8-static"]["steps"][0]["quantize"].update(per_channel=False))
+    edit_recipe(gated_digits, lambda d: d["candidates"]["int8-static"]["steps"][0]["quantize"].update(
+        per_channel=False))
     refused = temper("validate", gated_digits, "--output", out)
     assert refused.code == 2 and "run `temper run` to rebuild" in refused.stderr
 

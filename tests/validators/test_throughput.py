@@ -120,7 +120,8 @@ def test_cuda_on_cpu_only_onnxruntime_is_an_environment_problem(dynamic: Path) -
 
 
 def test_bench_json_one_entry_per_batch_size(temper: Callable, with_seq: Path) -> None:
-    result = temper("bench", with_seq, "--batch-sizes", "1,4", "--dim", "seq=3", "--duration", "0.2", "--warmup", "0", "--json")
+    result = temper("bench", with_seq, "--batch-sizes", "1,4", "--dim", "seq=3",
+                    "--duration", "0.2", "--warmup", "0", "--json")
     assert result.code == 0, result.stderr
     entries = json.loads(result.stdout)
     assert [e["batch_size"] for e in entries] == [1, 4]

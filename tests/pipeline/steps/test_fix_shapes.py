@@ -36,7 +36,9 @@ def _hidden(*shape: int) -> dict[str, np.ndarray]:
     return {"hidden": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
 
 
-def test_dims_by_name_make_inputs_and_outputs_concrete(tiny_transformer_like_path: Path, tmp_path: Path, make_context) -> None:
+def test_dims_by_name_make_inputs_and_outputs_concrete(
+    tiny_transformer_like_path: Path, tmp_path: Path, make_context
+) -> None:
     fixed = _fix(tiny_transformer_like_path, tmp_path, make_context({}), dims={"batch": 2, "seq": 8})
     assert onnx_io.dims(fixed) == {"hidden": [2, 8, 16]}
     assert _outputs(fixed) == {"out": [2, 8, 16]}

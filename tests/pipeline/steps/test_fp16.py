@@ -64,7 +64,8 @@ def test_external_data_input(tiny_cnn_path: Path, tmp_path: Path, make_context, 
 
 def test_blocked_ops_run_in_float32(tiny_transformer_like_path: Path, tmp_path: Path, make_context) -> None:
     batch = {"hidden": np.random.default_rng(1).standard_normal((2, 6, 16)).astype(np.float32)}
-    dst = _convert(tiny_transformer_like_path, tmp_path, make_context(batch), op_block_list=["LayerNormalization", "Softmax"])
+    dst = _convert(tiny_transformer_like_path, tmp_path, make_context(batch),
+                   op_block_list=["LayerNormalization", "Softmax"])
     model = onnx.load(str(dst))
     producers = _producers(model)
     types = {t.name: t.data_type for t in model.graph.initializer}
@@ -93,11 +94,15 @@ def test_overflow_past_65504_fails_and_the_suggested_block_list_fixes_it(tmp_pat
     src = _float_model(
         tmp_path,
         "overflow",
-        [helper.make_node("MatMul", ["x", "c"], ["big"], name="mm"), helper.make_node("Mul", ["big", "s"], ["y"], name="shrink")],
+        [
+            helper.make_node("MatMul", ["x", "c"], ["big"], name="mm"),
+            helper.make_node("Mul", ["big", "s"], ["y"], name="shrink"),
+        ],
         {"c": np.full((4, 4), 300.0), "s": np.array(1e-3)},
     )
     batch = {"x": np.full((2, 4), 100.0, np.float32)}
-    expected = r"^fp16: non-finite values \(NaN/Inf\) .* first in 'big', output of node 'mm' \(MatMul\) \(8 of 8 values\)"
+    expected = (r"^fp16: non-finite values \(NaN/Inf\) .* first in 'big', "
+                r"output of node 'mm' \(MatMul\) \(8 of 8 values\)")
     with pytest.raises(StepFailed, match=expected + r".*node_block_list \['mm', 'shrink'\]"):
         _convert(src, tmp_path, make_context(batch))
     fixed = _convert(src, tmp_path, make_context(batch), node_block_list=["mm", "shrink"])
@@ -105,18 +110,21 @@ def test_overflow_past_65504_fails_and_the_suggested_block_list_fixes_it(tmp_pat
 
 
 def test_input_past_65504(tmp_path: Path, make_context) -> None:
-    src = _float_model(tmp_path, "shrink", [helper.make_node("Mul", ["x", "s"], ["y"], name="shrink")], {"s": np.array(1e-3)})
+    src = _float_model(tmp_path, "shrink", [helper.make_node("Mul", ["x", "s"], ["y"], name="shrink")],
+                       {"s": np.array(1e-3)})
     batch = {"x": np.full((2, 4), 1e6, np.float32)}
     with pytest.raises(StepFailed, match=r"the float16 copy of model input 'x'.*node_block_list \['shrink'\]"):
         _convert(src, tmp_path, make_context(batch))
-    with pytest.raises(StepFailed, match=r"^fp16: model input 'x' holds values past float16's 65504.*keep_io_types: true"):
+    with pytest.raises(StepFailed,
+                       match=r"^fp16: model input 'x' holds values past float16's 65504.*keep_io_types: true"):
         _convert(src, tmp_path, make_context(batch), keep_io_types=False)
     fixed = _convert(src, tmp_path, make_context(batch), node_block_list=["shrink"])
     np.testing.assert_allclose(onnx_io.run(fixed, batch)[0], 1000.0, rtol=1e-6)
 
 
 def test_non_finite_already_in_float32_is_not_blamed_on_fp16(tmp_path: Path, make_context) -> None:
-    src = _float_model(tmp_path, "div0", [helper.make_node("Div", ["x", "zero"], ["y"], name="div")], {"zero": np.zeros(4)})
+    src = _float_model(tmp_path, "div0", [helper.make_node("Div", ["x", "zero"], ["y"], name="div")],
+                       {"zero": np.zeros(4)})
     batch = {"x": np.ones((2, 4), np.float32)}
     assert np.isinf(onnx_io.run(_convert(src, tmp_path, make_context(batch)), batch)[0]).all()
 
@@ -131,5 +139,6 @@ def test_unknown_node_name_suggests_close_ones(tiny_transformer_like_path: Path)
 
 def test_misspelt_op_type_is_an_option_error(tiny_transformer_like_path: Path) -> None:
     with pytest.raises(OptionError, match=r"'Softmx' is not an ONNX op type.*did you mean 'Softmax'") as err:
-        STEP.validate(onnx_io.load_structure(tiny_transformer_like_path), Fp16Options(op_block_list=["Resize", "Softmx"]))
+        STEP.validate(onnx_io.load_structure(tiny_transformer_like_path),
+                      Fp16Options(op_block_list=["Resize", "Softmx"]))
     assert err.value.key == "op_block_list[1]"

@@ -29,7 +29,8 @@ def _modelopt_imports() -> bool:
     return True
 
 
-@pytest.mark.skipif(not _modelopt_imports(), reason="NVIDIA ModelOpt is not installed (pip install 'temper-ml[modelopt]')")
+@pytest.mark.skipif(not _modelopt_imports(),
+                    reason="NVIDIA ModelOpt is not installed (pip install 'temper-ml[modelopt]')")
 def test_modelopt_backend_quantizes_on_cpu(tmp_path: Path) -> None:
     src = conv_net(tmp_path / "net.onnx")
     model = quantize(src, tmp_path, mode="static", backend="modelopt", exclude_nodes=["conv2"])

@@ -122,7 +122,8 @@ def test_core_contracts_import_no_step_and_validators_only_core_contracts():
     core = {"pipeline.recipe", "pipeline.step_options", "pipeline.presets", "pipeline.errors"}
     for module in core:
         imported = _all_imports(REPO / (module.replace(".", "/") + ".py"))
-        assert not {m for m in imported if m.startswith(("pipeline.steps", "pipeline.loading", "pipeline.search"))}, module
+        assert not {m for m in imported
+                    if m.startswith(("pipeline.steps", "pipeline.loading", "pipeline.search"))}, module
         assert not {m for m in _module_imports(REPO / (module.replace(".", "/") + ".py"))
                     if m.startswith("pipeline.steps")}, module
     scoring = _module_imports(REPO / "validators" / "scoring.py")

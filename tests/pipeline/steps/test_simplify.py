@@ -75,7 +75,10 @@ def test_constant_subgraphs_fold_away(tmp_path: Path, make_context) -> None:
             helper.make_node("Identity", ["c1"], ["c2"], name="id2"),
             helper.make_node("Add", ["x", "c2"], ["y"], name="add"),
         ],
-        [numpy_helper.from_array(np.ones(4, np.float32), "one"), numpy_helper.from_array(np.arange(4, dtype=np.float32), "ramp")],
+        [
+            numpy_helper.from_array(np.ones(4, np.float32), "one"),
+            numpy_helper.from_array(np.arange(4, dtype=np.float32), "ramp"),
+        ],
         tmp_path / "foldable.onnx",
     )
     batch = {"x": np.arange(8, dtype=np.float32).reshape(2, 4)}
@@ -102,4 +105,5 @@ def test_unchecked_result_that_onnxruntime_rejects_fails_the_step(tmp_path: Path
         tmp_path / "mismatched.onnx",
     )
     with pytest.raises(StepFailed, match=r"^simplify: .*does not load in onnxruntime: .*mismatched"):
-        STEP.run(src, tmp_path / "simple.onnx", SimplifyOptions(check_n=0), make_context({"x": np.ones((2, 4), np.float32)}))
+        STEP.run(src, tmp_path / "simple.onnx", SimplifyOptions(check_n=0),
+                 make_context({"x": np.ones((2, 4), np.float32)}))

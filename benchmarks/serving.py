@@ -385,8 +385,8 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
 
-    def rss_kib(self, pid: int | None = None) -> int:
-        for line in Path(f"/proc/{pid or self.proc.pid}/status").read_text().splitlines():
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
         raise RuntimeError("no VmRSS")
@@ -634,13 +634,18 @@ def wrk(port: int, body: Body, concurrency: int, duration: float, cap: int, work
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     result, lines = None, []
     assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        if line.strip() == "LIMIT":
-            proc.send_signal(signal.SIGINT)  # wrk then reports on the time actually elapsed
-        elif line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT "):])
-    proc.wait()
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.strip() == "LIMIT":
+                proc.send_signal(signal.SIGINT)  # wrk then reports on the time actually elapsed
+            elif line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT "):])
+        proc.wait()
+    finally:  # interrupted or failed here: stop this wrk, by its PID, before anything else
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     if result is None:
         raise SystemExit("error: wrk gave no result:\n" + "".join(lines))
     kinds = {k: result[k] for k in ("connect", "read", "write", "status", "timeout") if result[k]}
@@ -661,7 +666,7 @@ def grpc_load(port: int, model: Model, expected: np.ndarray, concurrency: int, d
     spec_file = workdir / f"grpc-{port}.json"
     spec_file.write_text(json.dumps(spec))
     proc = subprocess.run([sys.executable, str(SCRIPT), "--grpc-load", str(spec_file)], capture_output=True, text=True,
-                          timeout=duration + CLIENT_TIMEOUT_S + 120, check=False)
+                          timeout=duration + CLIENT_TIMEOUT_S + 120, check=False)  # kills it on any error
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise SystemExit(f"error: the gRPC load generator exited {proc.returncode}:\n"
@@ -1036,6 +1041,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ROLES:  # this script started as one of its own helper processes
         return ROLES[argv[0]](argv[1:])
+    # SIGTERM, like Ctrl-C, unwinds through the finally blocks that stop the servers (their own sessions:
+    # neither signal reaches them from outside).
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out-base", type=Path,
                         help="folder for models, bundles, stores and logs (default: a new temp dir, kept)")
@@ -1081,6 +1089,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: the gRPC rows need the grpc extra (pip install 'temper-ml[grpc]'), or pass --no-grpc: {exc}",
                   file=sys.stderr)
             return 3
+    began = time.monotonic()
     base = (args.out_base or Path(tempfile.mkdtemp(prefix="temper-serving-bench-"))).resolve()
     base.mkdir(parents=True, exist_ok=True)
     log(f"outputs: {base}")
@@ -1111,6 +1120,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(result) + "\n")
     print(targets(results) + "\n")
     print(summary(results))
+    log(f"done in {(time.monotonic() - began) / 60:.1f} min; outputs in {base}")
     return 0
 
 

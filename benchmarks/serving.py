@@ -71,6 +71,14 @@ def log(*parts: object) -> None:
     print(*parts, file=sys.stderr, flush=True)
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for the processes this script starts: this checkout first on PYTHONPATH, so that
+    `temper run`, `temper serve` and the helper roles run the code beside this script, not whatever the
+    venv's (editable) install points at."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
 # -- machine ---------------------------------------------------------------------------------
 
 
@@ -150,8 +158,8 @@ def build_digits(base: Path) -> Model:
     model = out / "baseline" / "model.onnx"
     if not model.is_file():
         log(f"=== building the digits CNN: temper run {DIGITS_RECIPE} --output {out}")
-        env = {**os.environ, "TEMPER_CACHE_DIR": str(base / "cache"),
-               "MLFLOW_TRACKING_URI": f"sqlite:///{base / 'temper-run-mlflow.db'}"}
+        env = child_env(TEMPER_CACHE_DIR=str(base / "cache"),
+                        MLFLOW_TRACKING_URI=f"sqlite:///{base / 'temper-run-mlflow.db'}")
         rc = subprocess.run([str(BIN / "temper"), "run", str(DIGITS_RECIPE), "--output", str(out)], cwd=base, env=env,
                             stdout=sys.stderr, stderr=sys.stderr, check=False).returncode
         if not model.is_file():
@@ -414,7 +422,7 @@ def temper_server(bundle: Path, base: Path, grpc: bool) -> Iterator[Server]:
     grpc_port = free_port() if grpc else None
     if grpc_port is not None:
         cmd += ["--grpc-port", str(grpc_port)]
-    server = start("temper serve", cmd, dict(os.environ), base / f"temper-serve-{bundle.name}.log",
+    server = start("temper serve", cmd, child_env(), base / f"temper-serve-{bundle.name}.log",
                    "/v2/health/ready", port)
     server.grpc_port = grpc_port  # the REST readiness covers it: both ports share the runtime's warm-up
     try:
@@ -444,7 +452,7 @@ with mlflow.start_run(experiment_id=experiment):
                           signature=infer_signature({{{model.input_name!r}: sample}}, {{"logits": out[0]}}))
 """
     np.save(store / "sample.npy", model.sample)
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = child_env(MLFLOW_TRACKING_URI=uri, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
     log(f"=== logging {model.path} with mlflow.onnx into {uri}")
     subprocess.run([sys.executable, "-c", script], env=env, cwd=store, check=True, stdout=sys.stderr, stderr=sys.stderr)
     port = free_port()
@@ -462,7 +470,7 @@ def plain_server(model: Model, base: Path) -> Iterator[Server]:
     """The plain one-request-per-call server (this script's --plain-server role) in its own process."""
     port = free_port()
     server = start("plain server", [sys.executable, str(SCRIPT), "--plain-server", str(model.path), model.key,
-                                    str(port)], dict(os.environ), base / f"plain-server-{model.key}.log",
+                                    str(port)], child_env(), base / f"plain-server-{model.key}.log",
                    "/v2/health/ready", port)
     try:
         yield server
@@ -666,7 +674,7 @@ def grpc_load(port: int, model: Model, expected: np.ndarray, concurrency: int, d
     spec_file = workdir / f"grpc-{port}.json"
     spec_file.write_text(json.dumps(spec))
     proc = subprocess.run([sys.executable, str(SCRIPT), "--grpc-load", str(spec_file)], capture_output=True, text=True,
-                          timeout=duration + CLIENT_TIMEOUT_S + 120, check=False)  # kills it on any error
+                          env=child_env(), timeout=duration + CLIENT_TIMEOUT_S + 120, check=False)  # kills it on any error
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise SystemExit(f"error: the gRPC load generator exited {proc.returncode}:\n"

@@ -1133,4 +1133,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the servers were stopped on the way out
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

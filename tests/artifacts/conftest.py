@@ -1,5 +1,5 @@
 """Fixtures the artifacts tests share: the tiny model's serving bundle, ONNX Runtime on it directly,
-and a real HTTP server (one per test module) with a keep-alive client."""
+a real HTTP server (one per test module) with a keep-alive client, and runtimes always stopped."""
 
 from __future__ import annotations
 
@@ -36,3 +36,18 @@ def client(server: Served) -> Iterator[Client]:
     c = Client(server.port)
     yield c
     c.close()
+
+
+@pytest.fixture
+def started(request: pytest.FixtureRequest):
+    """Start runtimes for a test and always stop them, so no batching thread outlives it."""
+    runtimes: list[Runtime] = []
+
+    def start(runtime: Runtime) -> Runtime:
+        runtimes.append(runtime)
+        runtime.start()
+        return runtime
+
+    yield start
+    for runtime in runtimes:
+        runtime.stop()

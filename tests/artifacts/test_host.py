@@ -20,8 +20,8 @@ from artifacts import bundle, host
 from artifacts.host import X86_FEATURES, HostProfile, LoadMeter, _cgroup_quota, parse_cpuinfo
 from artifacts.pyfunc import TemperModel
 from artifacts.runtime import Runtime
-from tests.artifacts.test_runtime import linear_model
-from tests.artifacts.test_server import _free_port, _wait_ready
+from tests.artifacts.runtimes import linear_model
+from tests.artifacts.servers import _free_port, _wait_ready
 from tests.conftest import REPO
 
 XEON = """\

@@ -20,10 +20,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from artifacts import bundle
 from artifacts.runtime import Runtime
-from tests.artifacts.test_server import (
-    MODEL,
+from tests.artifacts.servers import (
     Client,
     Served,
     _bundle,
@@ -33,21 +31,9 @@ from tests.artifacts.test_server import (
     _json_request,
     _metrics,
     _temper_serve,
-    _tiny_model,
 )
 
 HALF_HEADERS = b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tiny")
-    return _bundle(root / "bundle", _tiny_model(root / "tiny.onnx"), MODEL, max_batch_size=8, max_delay_ms=2)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny: Path) -> ort.InferenceSession:
-    return ort.InferenceSession(str(tiny / bundle.MODEL), providers=["CPUExecutionProvider"])
 
 
 @pytest.fixture

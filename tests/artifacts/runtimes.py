@@ -1,0 +1,92 @@
+"""Tiny real ONNX models for the serving runtime's tests, a runtime over each one's bundle, and the
+answers a plain ONNX Runtime session gives, to compare with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from artifacts.bundle import config_for, write
+from artifacts.runtime import Runtime
+
+WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+EMBEDDINGS = np.random.default_rng(1).standard_normal((10, 3)).astype(np.float32)
+
+
+def save(tmp_path: Path, name: str, nodes: list, inputs: list, outputs: list, initializers: list) -> Path:
+    model = helper.make_model(
+        helper.make_graph(nodes, name, inputs, outputs, initializers), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    path = tmp_path / name / f"{name}.onnx"
+    path.parent.mkdir(parents=True)
+    onnx.save(model, path)
+    return path
+
+
+def linear_model(tmp_path: Path) -> Path:
+    """y = x @ W: each row's output identifies its input."""
+    return save(
+        tmp_path, "linear", [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(WEIGHTS, "W")],
+    )
+
+
+def pooling_model(tmp_path: Path) -> Path:
+    """Token embeddings [batch, seq, 3] and their attention-masked mean [batch, 3]."""
+    nodes = [
+        helper.make_node("Gather", ["E", "input_ids"], ["tokens"]),
+        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["maskf", "last"], ["mask3"]),
+        helper.make_node("Mul", ["tokens", "mask3"], ["masked"]),
+        helper.make_node("ReduceSum", ["masked", "seq"], ["total"], keepdims=0),
+        helper.make_node("ReduceSum", ["maskf", "seq"], ["count"], keepdims=1),
+        helper.make_node("Div", ["total", "count"], ["pooled"]),
+    ]
+    ids = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in ("input_ids", "attention_mask")]
+    outputs = [
+        helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["batch", "seq", 3]),
+        helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", 3]),
+    ]
+    constants = [
+        numpy_helper.from_array(EMBEDDINGS, "E"),
+        numpy_helper.from_array(np.array([2], np.int64), "last"),
+        numpy_helper.from_array(np.array([1], np.int64), "seq"),
+    ]
+    return save(tmp_path, "pooling", nodes, ids, outputs, constants)
+
+
+def slow_model(tmp_path: Path) -> Path:
+    """~10 ms per row on 2 cores (a 512x512 outer product squared): keeps the engine busy."""
+    nodes = [
+        helper.make_node("Unsqueeze", ["x", "two"], ["column"]),
+        helper.make_node("Unsqueeze", ["x", "one"], ["row"]),
+        helper.make_node("Mul", ["column", "row"], ["outer"]),
+        helper.make_node("MatMul", ["outer", "outer"], ["square"]),
+        helper.make_node("ReduceSum", ["square", "one"], ["partial"], keepdims=0),
+        helper.make_node("ReduceSum", ["partial", "one"], ["y"], keepdims=1),
+    ]
+    return save(
+        tmp_path, "slow", nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 512])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
+        [numpy_helper.from_array(np.array([1], np.int64), "one"), numpy_helper.from_array(np.array([2], np.int64), "two")],
+    )
+
+
+def runtime_for(model: Path, tmp_path: Path, **serving: object) -> Runtime:
+    config = config_for(model, model.stem, **serving)
+    return Runtime(write(tmp_path / f"{model.stem}-bundle", model, config))
+
+
+def plain(model: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, inputs)))
+

@@ -1,0 +1,136 @@
+"""`temper serve` from the command line, in a new process: a bundle folder, a registered model, a
+`temper run` output folder, and the one-line errors for what it cannot serve."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from artifacts import bundle
+from artifacts.host import profile
+from tests.artifacts.servers import MODEL, Client, _expected, _inputs, _json_request, _temper_serve, _tiny_model
+
+# -- the CLI -------------------------------------------------------------------------------------
+
+
+def _infer_checked(port: int, reference: ort.InferenceSession, model: str = MODEL) -> None:
+    c = Client(port)
+    inputs = _inputs(13)
+    status, _, body = c.infer(_json_request(inputs), model=model)
+    c.close()
+    assert status == 200, body
+    want = _expected(reference, inputs)["y"].ravel()
+    np.testing.assert_allclose(json.loads(body)["outputs"][0]["data"], want, rtol=1e-6)
+
+
+def _serve_and_infer(target: str, reference: ort.InferenceSession, env: dict | None = None) -> str:
+    with _temper_serve(target, env) as (port, output):
+        _infer_checked(port, reference)
+    return output["stdout"]
+
+
+def test_temper_serve_a_bundle_folder(tiny: Path, reference: ort.InferenceSession) -> None:
+    stdout = _serve_and_infer(str(tiny), reference)
+    assert "127.0.0.1" in stdout and f"/v2/models/{MODEL}" in stdout
+
+
+def test_temper_serve_a_registered_model(temper, tiny: Path, reference: ort.InferenceSession, tracking_store: str,
+                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also the unknown-alias error, in the same store: creating an MLflow sqlite store takes seconds."""
+    import mlflow
+    from mlflow.tracking._model_registry import utils as registry
+    from mlflow.tracking._tracking_service import utils as tracking
+
+    from artifacts.pyfunc import log_bundle
+
+    # set_tracking_uri / set_registry_uri set globals (and MLFLOW_REGISTRY_URI) that would outlive this
+    # test: later tests would register into this store
+    monkeypatch.setattr(tracking, "_tracking_uri", tracking._tracking_uri)
+    monkeypatch.setattr(registry, "_registry_uri", registry._registry_uri)
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", tracking_store)
+    client = mlflow.MlflowClient(tracking_store, tracking_store)
+    mlflow.set_tracking_uri(tracking_store)
+    mlflow.set_registry_uri(tracking_store)
+    experiment = client.create_experiment("serve-test", artifact_location=(tmp_path / "artifacts").as_uri())
+    with mlflow.start_run(experiment_id=experiment):
+        info = log_bundle(tiny, name="model")
+    version = mlflow.register_model(info.model_uri, MODEL)
+    client.set_registered_model_alias(MODEL, "champion", version.version)
+    _serve_and_infer(f"models:/{MODEL}@champion", reference, {"MLFLOW_TRACKING_URI": tracking_store})
+    result = temper("serve", f"models:/{MODEL}@no-such-alias")
+    lines = result.stderr.strip().splitlines()
+    assert result.code == 2 and len(lines) == 1 and lines[0].startswith(f"error: models:/{MODEL}@no-such-alias: MODEL: "), result.stderr
+
+
+def _run_output(folder: Path, tiny: Path, selected: str, publish: dict | None) -> Path:
+    """An output folder as `temper run` writes it: baseline/ and int8/ models (other weights), the
+    manifest with the resolved recipe, the report naming the selection."""
+    for name, seed in (("baseline", 0), ("int8", 5)):
+        (folder / name).mkdir(parents=True)
+        _tiny_model(folder / name / bundle.MODEL, seed)
+    recipe = {"name": "tiny-recipe", "version": 1, **({"publish": publish} if publish else {})}
+    manifest = {"recipe": {"name": "tiny-recipe", "file": "tiny.yaml", "resolved": recipe},
+                "baseline": {"path": "baseline/model.onnx"}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "report.json").write_text(json.dumps({"selected": selected, "host": profile().model_dump(mode="json")}))
+    return folder
+
+
+def test_temper_serve_a_run_output_folder_without_publishing(tiny: Path, tmp_path: Path) -> None:
+    """OUTPUT serves its selection with the recipe's publish.serving options; OUTPUT/CANDIDATE that
+    model, under the recipe's name when there is no publish section, with default options."""
+    serving = {"max_batch_size": 4, "max_delay_ms": 1.0, "max_queue": 64, "timeout_s": 10.0, "pad": {}}
+    output = _run_output(tmp_path / "out", tiny, "int8", {"mlflow": {"registered_model": MODEL}, "serving": serving})
+    int8 = ort.InferenceSession(str(output / "int8" / bundle.MODEL), providers=["CPUExecutionProvider"])
+    with _temper_serve(str(output)) as (port, _):
+        _infer_checked(port, int8)
+        c = Client(port)
+        config = json.loads(c.call("GET", f"/v2/models/{MODEL}/config")[2])
+        c.close()
+    assert config["max_batch_size"] == 4 and config["dynamic_batching"]["max_queue_delay_microseconds"] == 1000
+
+    baseline = ort.InferenceSession(str(output / "baseline" / bundle.MODEL), providers=["CPUExecutionProvider"])
+    no_publish = _run_output(tmp_path / "plain", tiny, "int8", None)
+    with _temper_serve(str(no_publish / "baseline")) as (port, output_text):
+        _infer_checked(port, baseline, model="tiny-recipe")
+        c = Client(port)
+        config = json.loads(c.call("GET", "/v2/models/tiny-recipe/config")[2])
+        c.close()
+    assert config["max_batch_size"] == 16 and "/v2/models/tiny-recipe" in output_text["stdout"]
+
+
+def test_temper_serve_a_run_output_folder_refuses_what_it_cannot_serve(temper, tiny: Path, tmp_path: Path) -> None:
+    output = _run_output(tmp_path / "out", tiny, "int8", None)
+    (output / "fp16").mkdir()  # a candidate that failed: no model
+    report = json.loads((output / "report.json").read_text())
+    for target, problem in ((output / "fp16", "cannot serve it from its run"),
+                            (output / "nothing", "neither a serving bundle")):
+        result = temper("serve", target)
+        (line,) = result.stderr.strip().splitlines()
+        assert result.code == 2 and problem in line and "serving" not in result.stdout, result.stderr
+    (output / "report.json").write_text(json.dumps({"host": report["host"]}))  # not validated: no selection
+    result = temper("serve", output)
+    assert result.code == 2 and "names no selected model" in result.stderr
+
+
+def test_temper_serve_on_a_busy_port_says_so_in_one_line(temper, tiny: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = temper("serve", tiny, "--port", port)
+    (line,) = result.stderr.strip().splitlines()
+    assert result.code == 3 and "serving" not in result.stdout, result
+    assert line.startswith(f"error: --port: cannot listen on 127.0.0.1:{port}") and "in use" in line, line
+
+
+def test_temper_serve_rejects_what_is_not_a_bundle(temper, tmp_path: Path) -> None:
+    result = temper("serve", tmp_path / "nothing-here")
+    assert result.code == 2
+    assert "error:" in result.stderr and "nothing-here" in result.stderr and "models:/" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

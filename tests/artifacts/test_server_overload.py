@@ -1,0 +1,97 @@
+"""`temper serve` over real HTTP with a model slow enough for the queue to fill: overload is 503,
+a request not answered in time 504, requests queued when the runtime stops 503."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from artifacts.runtime import Runtime
+from tests.artifacts.servers import Client, Served, _bundle, _counter, _families, _metrics, _slow_model
+
+# -- overload and timeout: a model slow enough for the queue to fill ------------------------------
+
+
+@pytest.fixture(scope="module")
+def slow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _slow_model(tmp_path_factory.mktemp("slow") / "slow.onnx")
+
+
+def _slow_request(seed: int, rows: int = 1) -> dict:
+    return {"inputs": [{"name": "x", "shape": [rows, 4], "datatype": "FP32", "data": np.random.default_rng(seed).random(rows * 4).tolist()}]}
+
+
+def test_overload_is_503_and_the_server_recovers(slow_model: Path, tmp_path: Path) -> None:
+    folder = _bundle(tmp_path / "bundle", slow_model, "slow", max_batch_size=1, max_queue=1)
+    with Served(Runtime(folder)) as served:
+        start = threading.Barrier(16)
+
+        def one(seed: int) -> tuple[int, bytes]:
+            c = Client(served.port)
+            start.wait()
+            status, _, body = c.infer(_slow_request(seed), model="slow")
+            c.close()
+            return status, body
+
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(one, range(16)))
+        statuses = sorted(s for s, _ in results)
+        assert set(statuses) <= {200, 503} and 200 in statuses and 503 in statuses, statuses
+        assert all("queue full" in json.loads(b)["error"] for s, b in results if s == 503)
+        c = Client(served.port)
+        assert c.infer(_slow_request(99), model="slow")[0] == 200
+        assert c.call("GET", "/v2/health/ready")[0] == 200
+        metrics = _metrics(c)
+        (info,) = _families(c)["temper_runtime_info"].samples
+        c.close()
+    assert _counter(metrics, "nv_inference_request_failure") >= 1
+    assert _counter(metrics, "temper_inline_exec_count") == 0  # milliseconds per run: never on the event loop
+    assert info.labels["model"] == "slow" and info.labels["inline"] == "false"
+
+
+def test_request_not_answered_in_time_is_504(slow_model: Path, tmp_path: Path) -> None:
+    folder = _bundle(tmp_path / "bundle", slow_model, "slow", timeout_s=0.001)
+    with Served(Runtime(folder)) as served:
+        c = Client(served.port)
+        status, _, body = c.infer(_slow_request(0, rows=16), model="slow")  # ~100 ms of compute here
+        assert status == 504 and "not answered within" in json.loads(body)["error"]
+        assert c.call("GET", "/v2/health/live")[0] == 200
+        c.close()
+
+
+def test_requests_queued_when_the_runtime_stops_are_503_and_the_server_answers_on(slow_model: Path,
+                                                                                  tmp_path: Path) -> None:
+    """The runtime stopped under queued requests (the lifespan stops it on shutdown): they answer 503
+    saying so at once, never 500, nor 504 after timeout_s; the server itself keeps answering."""
+    folder = _bundle(tmp_path / "bundle", slow_model, "slow", max_batch_size=16)
+    runtime = Runtime(folder)
+    with Served(runtime) as served:
+
+        def one(seed: int) -> tuple[int, bytes]:
+            c = Client(served.port)
+            status, _, body = c.infer(_slow_request(seed, rows=16), model="slow")  # one ~100 ms batch each
+            c.close()
+            return status, body
+
+        with ThreadPoolExecutor(6) as pool:
+            calls = [pool.submit(one, seed) for seed in range(6)]
+            deadline = time.monotonic() + 30
+            while runtime.pending < 2:
+                assert time.monotonic() < deadline, "the requests never queued"
+                time.sleep(0.001)
+            runtime.stop()
+            results = [call.result(timeout=30) for call in calls]
+        statuses = sorted(status for status, _ in results)
+        assert set(statuses) <= {200, 503} and 503 in statuses, statuses
+        assert any("stopped" in json.loads(body)["error"] for status, body in results if status == 503)
+        c = Client(served.port)
+        assert c.call("GET", "/v2/health/live")[0] == 200
+        assert c.call("GET", "/v2/health/ready")[0] == 503
+        c.close()
+

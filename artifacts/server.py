@@ -128,9 +128,9 @@ class InferenceServer:
                                 "message": f"cannot start {self.name}: {type(exc).__name__}: {exc}"})
                     return
                 await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                self.worker.shutdown(wait=False, cancel_futures=True)
+            elif message["type"] == "lifespan.shutdown":  # runtime first: what is queued there gets 503, not 500
                 await asyncio.to_thread(self.runtime.stop)
+                self.worker.shutdown(wait=False, cancel_futures=True)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -227,7 +227,12 @@ class InferenceServer:
             raise
 
     async def _on_worker(self, call: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.worker, call, *args)
+        """Decode or encode on the worker pool; once shutdown has closed the pool, a late request is a 503."""
+        try:
+            future = asyncio.get_running_loop().run_in_executor(self.worker, call, *args)
+        except RuntimeError:  # "cannot schedule new futures after shutdown"
+            raise Stopped("the server is shutting down") from None
+        return await future
 
     async def _alone(self) -> bool:
         """Whether this request may run inline: the model is tiny and no other request reached

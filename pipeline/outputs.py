@@ -167,7 +167,8 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
         report = report_model.load(report_file) if report_file.is_file() else None
         if path == output:  # the run's selection: the baseline when no candidate passed
             if report is None:
-                raise ValueError("no report.json names a selected model; serve OUTPUT/CANDIDATE")
+                raise ValueError("it has no report.json (the recipe has no validate section), so it names no selected "
+                                 "model; serve OUTPUT/CANDIDATE")
             path = output / report.selected
         recipe = json.loads((output / MANIFEST).read_text())["recipe"]["resolved"]
         publish = recipe.get("publish") or {}

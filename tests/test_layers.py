@@ -1,27 +1,163 @@
-"""The one layer rule everything else leans on: artifacts/ (the serving runtime MLflow models ship
-as code) imports nothing from the rest of temper, at module level or inside a function."""
+"""The layers README.md's Architecture section names, checked on the source so a change that crosses
+one fails here, not in a review:
+
+    artifacts/                 bottom: ships inside every MLflow model, imports nothing of temper
+    pipeline's core contracts  recipe models, errors, ONNX helpers, user-code calls, presets
+    calibration/, validators/  import only the two layers above (validators may use calibration)
+    pipeline/ (the rest)       steps, search, runner, flow, outputs, publishing, the CLI
+
+plus: no import cycle between modules, and no module over MAX_LINES outside benchmarks/.
+Imports inside functions count (a cycle hidden in a function is still a cycle); those under
+`if TYPE_CHECKING:` do not, since they never run.
+"""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
-OTHER_PACKAGES = ("pipeline", "validators", "calibration", "benchmarks", "tests")
+PACKAGES = ("artifacts", "pipeline", "calibration", "validators")
+CORE = {"pipeline.errors", "pipeline.recipe", "pipeline.step_options", "pipeline.presets", "pipeline.onnx_io",
+        "pipeline.callables"}
+MAX_LINES = 400
 
 
-def _imports(path: Path) -> set[str]:
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for package in PACKAGES for p in sorted((REPO / package).rglob("*.py"))}
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped |= {id(inner) for child in node.body for inner in ast.walk(child)}
+    return skipped
+
+
+def _resolve(name: str) -> str | None:
+    """The temper module an imported dotted name lives in (a module, or a name inside one)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports(module: str) -> set[str]:
+    """The temper modules `module` imports at run time."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(), str(path))
+    skipped = _type_checking_nodes(tree)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found |= {target for name in names if (target := _resolve(name)) and target != module}
     return found
 
 
+GRAPH = {module: imports(module) for module in MODULES}
+
+
+def _offenders(importers: set[str], allowed) -> dict[str, list[str]]:
+    found = {m: sorted(t for t in GRAPH[m] if not allowed(t)) for m in sorted(importers)}
+    return {m: names for m, names in found.items() if names}
+
+
 def test_artifacts_import_nothing_outside_themselves():
-    offenders = {str(path.relative_to(REPO)): sorted(name for name in _imports(path)
-                                                       if name.split(".")[0] in OTHER_PACKAGES)
-                 for path in sorted((REPO / "artifacts").glob("*.py"))}
-    assert {file: names for file, names in offenders.items() if names} == {}
+    artifacts = {m for m in MODULES if m.split(".")[0] == "artifacts"}
+    assert _offenders(artifacts, lambda t: t.startswith("artifacts")) == {}
+
+
+def test_core_contracts_import_only_each_other_and_artifacts():
+    assert CORE <= set(MODULES) | {"pipeline.step_options"}
+    assert _offenders(CORE & set(MODULES), lambda t: t in CORE or t.startswith("artifacts")) == {}
+
+
+def test_calibration_and_validators_import_only_the_layers_below():
+    def below(target: str) -> bool:
+        return target in CORE or target.split(".")[0] in ("artifacts", "calibration")
+
+    calibration = {m for m in MODULES if m.split(".")[0] == "calibration"}
+    validators = {m for m in MODULES if m.split(".")[0] == "validators"}
+    assert _offenders(calibration, lambda t: below(t) and not t.startswith("validators")) == {}
+    assert _offenders(validators, lambda t: below(t) or t.startswith("validators")) == {}
+
+
+def test_no_import_cycles():
+    """Tarjan's strongly connected components over the module graph: every component is one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in GRAPH[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while (top := stack.pop()) != module:
+                component.append(top)
+            if component:
+                cycles.append(sorted([module, *component]))
+
+    for module in MODULES:
+        if module not in index:
+            visit(module)
+    assert cycles == []
+
+
+@pytest.mark.parametrize("top", ["artifacts", "pipeline", "calibration", "validators", "tests"])
+def test_modules_stay_small(top: str):
+    """A module past MAX_LINES does several things; split it by what it does (benchmarks/ are scripts, exempt)."""
+    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in sorted((REPO / top).rglob("*.py"))}
+    assert {path: lines for path, lines in sizes.items() if lines > MAX_LINES} == {}
+
+
+def test_the_mlflow_model_declares_every_package_its_code_imports():
+    """A published model is artifacts/ code run where only its pinned requirements are installed:
+    each third-party package the modules pyfunc loads import must be in artifacts.pyfunc.REQUIREMENTS."""
+    import subprocess
+    import sys
+
+    code = ("import sys, warnings; warnings.simplefilter('ignore'); import artifacts.pyfunc; "
+            "print(' '.join(m for m in sys.modules if m.split('.')[0] == 'artifacts'))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
+                            timeout=120).stdout.split()
+    packages = set()
+    for module in loaded:
+        tree = ast.parse(MODULES[module].read_text())
+        skipped = _type_checking_nodes(tree)
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                packages |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                packages.add(node.module.split(".")[0])
+    from artifacts.pyfunc import REQUIREMENTS
+
+    third_party = packages - set(sys.stdlib_module_names) - {"artifacts"}
+    assert third_party - set(REQUIREMENTS) == set()

@@ -3,6 +3,7 @@ a request not answered in time 504, requests queued when the runtime stops 503."
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 import time
@@ -95,3 +96,17 @@ def test_requests_queued_when_the_runtime_stops_are_503_and_the_server_answers_o
         assert c.call("GET", "/v2/health/ready")[0] == 503
         c.close()
 
+
+
+def test_a_body_arriving_after_shutdown_closed_the_decode_pool_is_503(slow_model: Path, tmp_path: Path) -> None:
+    """Shutdown stops the runtime, then closes the decode pool; a late compressed body (always decoded
+    there) is told the server is shutting down (503), never a 500 from the closed pool."""
+    folder = _bundle(tmp_path / "bundle", slow_model, "slow")
+    with Served(Runtime(folder)) as served:
+        served.app.worker.shutdown(wait=True)
+        c = Client(served.port)
+        body = gzip.compress(json.dumps(_slow_request(0)).encode())
+        status, _, answer = c.call("POST", "/v2/models/slow/infer", body,
+                                   {"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        assert status == 503 and "shutting down" in json.loads(answer)["error"]
+        c.close()

@@ -5,7 +5,9 @@ ModelOpt is an optional extra, imported only when a recipe asks for it.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -57,8 +59,14 @@ def quantize(src: Path, dst: Path, options: QuantizeOptions, feeds: list[Batch],
     stacked = {name: np.concatenate([feed[name] for feed in feeds]) for name in feeds[0]}
     # One calibration step per feed; without shapes ModelOpt would step one sample at a time on dynamic dims.
     shapes = ",".join(f"{name}:{'x'.join(map(str, array.shape))}" for name, array in feeds[0].items())
+    with _ort_left_as_found():
+        _modelopt_quantize(moq, local, dst, options, stacked, shapes, large)
+
+
+def _modelopt_quantize(moq: ModuleType, src: Path, dst: Path, options: QuantizeOptions,
+                       stacked: dict[str, np.ndarray], shapes: str, large: bool) -> None:
     moq.quantize(
-        str(local),
+        str(src),
         quantize_mode="int8",
         calibration_data=stacked,
         calibration_method=METHODS[options.calibration],
@@ -71,3 +79,27 @@ def quantize(src: Path, dst: Path, options: QuantizeOptions, feeds: list[Batch],
         high_precision_dtype="fp32",  # FP16 is the fp16 step's job, not a side effect of this one
         log_level="WARNING",
     )
+
+
+@contextlib.contextmanager
+def _ort_left_as_found() -> Iterator[None]:
+    """Undo ModelOpt's patches to ONNX Runtime's quantization classes when it is done.
+
+    ModelOpt replaces methods of ORT's calibrators and quantizers process-wide
+    (`modelopt.onnx.quantization.ort_patching.patch_ort_modules`) and never restores them, so an
+    ORT static candidate built after a ModelOpt one in the same run would calibrate with
+    ModelOpt's code and fail ("Histogram has not been collected").
+    """
+    from onnxruntime.quantization import base_quantizer, calibrate, onnx_quantizer, qdq_quantizer, quantize
+
+    modules = (calibrate, base_quantizer, onnx_quantizer, qdq_quantizer, quantize)
+    classes = {value for module in modules for value in vars(module).values()
+               if isinstance(value, type) and value.__module__.startswith("onnxruntime.quantization")}
+    saved = [(owner, dict(vars(owner))) for owner in (*modules, *classes)]
+    try:
+        yield
+    finally:
+        for owner, attributes in saved:
+            for name, value in attributes.items():
+                if vars(owner).get(name) is not value:
+                    setattr(owner, name, value)

@@ -10,7 +10,15 @@ import pytest
 
 from pipeline.errors import EnvironmentProblem
 from pipeline.steps.quantize import quantize_modelopt
-from tests.pipeline.steps.quantize_models import conv_net, float_node, images, ops, outputs_close, quantize
+from tests.pipeline.steps.quantize_models import (
+    activation_scales,
+    conv_net,
+    float_node,
+    images,
+    ops,
+    outputs_close,
+    quantize,
+)
 
 
 def test_modelopt_backend_without_modelopt_is_an_environment_problem(tmp_path: Path, monkeypatch) -> None:
@@ -29,8 +37,10 @@ def _modelopt_imports() -> bool:
     return True
 
 
-@pytest.mark.skipif(not _modelopt_imports(),
-                    reason="NVIDIA ModelOpt is not installed (pip install 'temper-ml[modelopt]')")
+NO_MODELOPT = "NVIDIA ModelOpt is not installed (pip install 'temper-ml[modelopt]')"
+
+
+@pytest.mark.skipif(not _modelopt_imports(), reason=NO_MODELOPT)
 def test_modelopt_backend_quantizes_on_cpu(tmp_path: Path) -> None:
     src = conv_net(tmp_path / "net.onnx")
     model = quantize(src, tmp_path, mode="static", backend="modelopt", exclude_nodes=["conv2"])
@@ -38,3 +48,19 @@ def test_modelopt_backend_quantizes_on_cpu(tmp_path: Path) -> None:
     assert {"QuantizeLinear", "DequantizeLinear"} <= set(ops(model))
     assert float_node(model, "conv2", "Conv", "w2")
     assert outputs_close(src, model, tmp_path, images(99)) > 0.99
+
+
+@pytest.mark.skipif(not _modelopt_imports(), reason=NO_MODELOPT)
+def test_an_ort_static_candidate_after_a_modelopt_one_calibrates_as_before(tmp_path: Path) -> None:
+    """ModelOpt patches ONNX Runtime's calibrators process-wide; the step puts them back, so ORT candidates
+    built later in the same run get the scales they get alone (they failed to calibrate before)."""
+    src = conv_net(tmp_path / "net.onnx")
+
+    def ort_scales(tag: str) -> dict[str, dict[str, float]]:
+        return {method: activation_scales(quantize(src, tmp_path, name=f"{tag}-{method}", mode="static",
+                                                   calibration=method))
+                for method in ("minmax", "entropy")}
+
+    before = ort_scales("before")
+    quantize(src, tmp_path, name="modelopt", mode="static", backend="modelopt")
+    assert ort_scales("after") == before

@@ -673,8 +673,9 @@ def grpc_load(port: int, model: Model, expected: np.ndarray, concurrency: int, d
             "expected": str(workdir / f"grpc-{model.key}-expected.npy")}
     spec_file = workdir / f"grpc-{port}.json"
     spec_file.write_text(json.dumps(spec))
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--grpc-load", str(spec_file)], capture_output=True, text=True,
-                          env=child_env(), timeout=duration + CLIENT_TIMEOUT_S + 120, check=False)  # kills it on any error
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--grpc-load", str(spec_file)],
+                          capture_output=True, text=True, env=child_env(),
+                          timeout=duration + CLIENT_TIMEOUT_S + 120, check=False)  # kills it on any error
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
         raise SystemExit(f"error: the gRPC load generator exited {proc.returncode}:\n"

@@ -50,7 +50,8 @@ def pooling_model(tmp_path: Path) -> Path:
         helper.make_node("ReduceSum", ["maskf", "seq"], ["count"], keepdims=1),
         helper.make_node("Div", ["total", "count"], ["pooled"]),
     ]
-    ids = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in ("input_ids", "attention_mask")]
+    ids = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
+           for n in ("input_ids", "attention_mask")]
     outputs = [
         helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["batch", "seq", 3]),
         helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", 3]),
@@ -77,7 +78,8 @@ def slow_model(tmp_path: Path) -> Path:
         tmp_path, "slow", nodes,
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 512])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
-        [numpy_helper.from_array(np.array([1], np.int64), "one"), numpy_helper.from_array(np.array([2], np.int64), "two")],
+        [numpy_helper.from_array(np.array([1], np.int64), "one"),
+         numpy_helper.from_array(np.array([2], np.int64), "two")],
     )
 
 

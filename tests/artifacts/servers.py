@@ -62,7 +62,8 @@ def _slow_model(path: Path) -> Path:
     axes = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")
     nodes = [helper.make_node("Tile", ["x", "repeats"], ["h0"])]
     for i in range(24):
-        nodes += [helper.make_node("MatMul", [f"h{i}", "W"], [f"m{i}"]), helper.make_node("Relu", [f"m{i}"], [f"h{i + 1}"])]
+        nodes += [helper.make_node("MatMul", [f"h{i}", "W"], [f"m{i}"]),
+                  helper.make_node("Relu", [f"m{i}"], [f"h{i + 1}"])]
     nodes.append(helper.make_node("ReduceSum", ["h24", "axes"], ["y"], keepdims=1))
     graph = helper.make_graph(
         nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
@@ -108,7 +109,8 @@ class Client:
     def __init__(self, port: int) -> None:
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 
-    def call(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None) -> tuple[int, dict, bytes]:
+    def call(self, method: str, path: str, body: bytes | None = None,
+             headers: dict | None = None) -> tuple[int, dict, bytes]:
         self.conn.request(method, path, body=body, headers=headers or {})
         response = self.conn.getresponse()
         return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
@@ -126,7 +128,8 @@ class Client:
 
 def _inputs(seed: int, rows: int = 2) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {"x": rng.standard_normal((rows, 4)).astype(np.float32), "ids": rng.integers(0, 1000, (rows, 3)).astype(np.int64)}
+    return {"x": rng.standard_normal((rows, 4)).astype(np.float32),
+            "ids": rng.integers(0, 1000, (rows, 3)).astype(np.int64)}
 
 
 def _json_request(inputs: dict[str, np.ndarray], nested: bool = False) -> dict:
@@ -149,7 +152,8 @@ def _binary_outputs(headers: dict, body: bytes) -> dict[str, np.ndarray]:
             found[out["name"]] = np.asarray(out["data"], dtype=types[out["datatype"]]).reshape(out["shape"])
             continue
         size = out["parameters"]["binary_data_size"]
-        found[out["name"]] = np.frombuffer(body[offset:offset + size], dtype=np.dtype(types[out["datatype"]]).newbyteorder("<")).reshape(out["shape"])
+        found[out["name"]] = np.frombuffer(
+            body[offset:offset + size], dtype=np.dtype(types[out["datatype"]]).newbyteorder("<")).reshape(out["shape"])
         offset += size
     assert offset == len(body)
     return found
@@ -182,7 +186,8 @@ def _serve_process(target: str, port: int, env: dict | None = None, prelude: str
     """`temper serve TARGET --port PORT` in a new process; `prelude` is Python run first in it."""
     code = prelude + "import sys; from pipeline.cli import main; sys.argv[0] = 'temper'; main()"
     return subprocess.Popen([sys.executable, "-c", code, "serve", target, "--port", str(port)], cwd=REPO,
-                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 def _wait_ready(process: subprocess.Popen, port: int) -> None:

@@ -61,7 +61,8 @@ def test_publish_registers_the_selected_candidate_once(temper, gated_digits, tmp
     subprocess.run([sys.executable, "-c", script, str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
                    check=True, env=env, cwd=tmp_path, timeout=300)
     session = ort.InferenceSession(str(out / report["selected"] / "model.onnx"), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), session.run(None, {"pixels": images})[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), session.run(None, {"pixels": images})[0],
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_when_no_candidate_passes_the_baseline_is_published_with_the_reason(temper, gated_digits, tmp_path,
@@ -121,7 +122,8 @@ def test_promote_and_pull(temper, gated_digits, tmp_path, tracking_store):
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    parsed = text_format.Parse((tmp_path / "repo" / "digits-cnn" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    parsed = text_format.Parse((tmp_path / "repo" / "digits-cnn" / "config.pbtxt").read_text(),
+                               model_config_pb2.ModelConfig())
     assert parsed.max_batch_size == 16 and parsed.dynamic_batching.max_queue_delay_microseconds == 10_000
     _serve_and_check(dest, tmp_path)
 
@@ -153,7 +155,8 @@ def _serve_and_check(bundle: Path, tmp_path: Path) -> None:
                               env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         if not _wait_until_ok(port, "/v2/health/ready", 60):
-            raise AssertionError(f"server never became ready: {server.stderr.read1().decode() if server.poll() is not None else ''}")
+            raise AssertionError("server never became ready: "
+                                 f"{server.stderr.read1().decode() if server.poll() is not None else ''}")
         image = np.random.default_rng(1).random((1, 1, 8, 8), dtype=np.float32)
         body = json.dumps({"inputs": [{"name": "pixels", "shape": [1, 1, 8, 8], "datatype": "FP32",
                                        "data": image.ravel().tolist()}]})
@@ -161,7 +164,8 @@ def _serve_and_check(bundle: Path, tmp_path: Path) -> None:
         conn.request("POST", "/v2/models/digits-cnn/infer", body, {"Content-Type": "application/json"})
         reply = json.loads(conn.getresponse().read())
         got = np.asarray(reply["outputs"][0]["data"], dtype=np.float32).reshape(reply["outputs"][0]["shape"])
-        want = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, {"pixels": image})[0]
+        want = ort.InferenceSession(str(bundle / "model.onnx"),
+                                    providers=["CPUExecutionProvider"]).run(None, {"pixels": image})[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     finally:
         server.terminate()

@@ -85,11 +85,13 @@ def test_logged_model_loads_in_a_fresh_process_and_predicts_like_onnx(bundle: Pa
     assert [s.name for s in info.signature.outputs.inputs] == ["y"]
 
     rng = np.random.default_rng(1)
-    inputs = {name: rng.standard_normal((10, 4)).astype(np.float32) for name in ("a", "b")}  # 10 rows > max_batch_size 4
+    inputs = {name: rng.standard_normal((10, 4)).astype(np.float32)
+              for name in ("a", "b")}  # 10 rows > max_batch_size 4
     np.savez(tmp_path / "inputs.npz", **inputs)
     result = subprocess.run(
         [sys.executable, "-c", LOAD_AND_PREDICT, *(str(tmp_path / f) for f in ("inputs.npz", "dict.npy", "frame.npy"))],
-        env={**os.environ, "MLFLOW_TRACKING_URI": uri}, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri}, cwd=tmp_path,
+        capture_output=True, text=True, timeout=300, check=False,
     )
     assert result.returncode == 0, result.stderr
     assert REPO not in Path(result.stdout.strip().splitlines()[-1]).parents  # imported from the model's code_paths
@@ -106,7 +108,8 @@ def test_predict_inputs_from_dataframes_and_arrays(bundle: Path) -> None:
     converted = as_inputs(frame, config)
     assert converted["a"].dtype == np.float32 and converted["a"].shape == (1, 4)
     assert as_inputs({"a": [[1, 2, 3, 4]], "b": np.zeros((1, 4))}, config)["a"].dtype == np.float32
-    assert as_inputs({"a": [[1, 2, 3, 4]], "b": np.zeros((1, 4))}, config)["b"].dtype == np.float64  # arrays keep theirs
+    assert as_inputs({"a": [[1, 2, 3, 4]], "b": np.zeros((1, 4))},
+                     config)["b"].dtype == np.float64  # arrays keep theirs
     with pytest.raises(ValueError, match="has 2 inputs"):
         as_inputs(np.zeros((1, 4), np.float32), config)
 
@@ -193,7 +196,8 @@ def test_pyfunc_dynamic_dims_take_dicts_not_dataframes(tmp_path: Path) -> None:
     ]
     graph = helper.make_graph(
         nodes, "tokens",
-        [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in ("input_ids", "attention_mask")],
+        [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
+         for n in ("input_ids", "attention_mask")],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
         [numpy_helper.from_array(np.array([1], np.int64), "axes")],
     )
@@ -212,7 +216,8 @@ def test_conform_casts_only_what_fits(bundle: Path) -> None:
     assert cast["a"].dtype == np.float32 and cast["b"].dtype == np.float32  # NaN fits; the runtime refuses it
     assert conform({"a": np.full((1, 4), 1e300)}, config)["a"].dtype == np.float64  # would be inf
     assert conform({"a": np.ones((1, 4), np.int32)}, config)["a"].dtype == np.float32
-    assert conform({"a": np.ones((1, 4), bool), "c": np.ones(2)}, config)["a"].dtype == bool  # not numeric; unknown names kept
+    assert conform({"a": np.ones((1, 4), bool), "c": np.ones(2)},
+                   config)["a"].dtype == bool  # not numeric; unknown names kept
     with pytest.raises(RequestError, match="has dtype float64"):
         Runtime(bundle).run_batch(conform({"a": np.full((1, 4), 1e300), "b": np.zeros((1, 4), np.float32)}, config))
 
@@ -225,7 +230,8 @@ def _free_port() -> int:
 
 def _post(port: int, body: object) -> tuple[int, dict]:
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/invocations", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        f"http://127.0.0.1:{port}/invocations", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"}
     )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -271,7 +277,8 @@ def test_mlflow_models_serve_takes_split_inputs_and_instances(served: int) -> No
     expected = _image_y(PIXELS)
     rows = PIXELS.tolist()
     accepted = {
-        "dataframe_split, flat rows": {"dataframe_split": {"columns": ["pixels"], "data": [[np.ravel(r).tolist()] for r in rows]}},
+        "dataframe_split, flat rows": {"dataframe_split": {"columns": ["pixels"],
+                                                           "data": [[np.ravel(r).tolist()] for r in rows]}},
         "inputs, named": {"inputs": {"pixels": rows}},
         "inputs, one tensor": {"inputs": rows},
         "instances": {"instances": [{"pixels": r} for r in rows]},

@@ -122,7 +122,8 @@ IDS = np.ones((2, 5), np.int64)
         ({"input_ids": IDS, "attention_mask": IDS[:1]}, "disagree on the number of rows"),
         ({"input_ids": IDS, "attention_mask": IDS[:, :4]}, "disagree on axis-1 length"),
         ({"input_ids": IDS[:0], "attention_mask": IDS[:0]}, "at least one row"),
-        ({"input_ids": np.ones((17, 5), np.int64), "attention_mask": np.ones((17, 5), np.int64)}, "exceed max_batch_size 16"),
+        ({"input_ids": np.ones((17, 5), np.int64), "attention_mask": np.ones((17, 5), np.int64)},
+         "exceed max_batch_size 16"),
     ],
 )
 def test_malformed_requests_are_rejected(tmp_path: Path, inputs: object, message: str) -> None:

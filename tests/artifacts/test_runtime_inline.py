@@ -71,13 +71,15 @@ def test_a_failing_inline_run_fails_its_request_and_frees_the_engine(tmp_path: P
     failed = runtime.submit({"input_ids": bad, "attention_mask": np.ones_like(bad)}, inline=True)
     assert failed.done() and failed.exception() is not None
     good = np.array([[1, 2]], np.int64)
-    queued = runtime.submit({"input_ids": good, "attention_mask": np.ones_like(good)})  # the batcher must not wait forever
+    queued = runtime.submit({"input_ids": good,
+                             "attention_mask": np.ones_like(good)})  # the batcher must not wait forever
     assert queued.result(timeout=10)["pooled"].shape == (1, 3)
     metrics = runtime.metrics.snapshot()
     assert (metrics["request_failure"], metrics["request_success"], metrics["inline_count"]) == (1, 1, 1)
 
 
-def test_concurrent_callers_with_inline_allowed_still_share_batches_and_never_overlap_runs(tmp_path: Path, started) -> None:
+def test_concurrent_callers_with_inline_allowed_still_share_batches_and_never_overlap_runs(
+        tmp_path: Path, started) -> None:
     runtime = started(runtime_for(linear_model(tmp_path), tmp_path, max_batch_size=16, max_delay_ms=5))
     assert runtime.inline
     spy = runtime._session = OverlapSpy(runtime._session)

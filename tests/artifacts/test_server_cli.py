@@ -65,7 +65,8 @@ def test_temper_serve_a_registered_model(temper, tiny: Path, reference: ort.Infe
     _serve_and_infer(f"models:/{MODEL}@champion", reference, {"MLFLOW_TRACKING_URI": tracking_store})
     result = temper("serve", f"models:/{MODEL}@no-such-alias")
     lines = result.stderr.strip().splitlines()
-    assert result.code == 2 and len(lines) == 1 and lines[0].startswith(f"error: models:/{MODEL}@no-such-alias: MODEL: "), result.stderr
+    assert (result.code == 2 and len(lines) == 1
+            and lines[0].startswith(f"error: models:/{MODEL}@no-such-alias: MODEL: ")), result.stderr
 
 
 def _run_output(folder: Path, tiny: Path, selected: str, publish: dict | None) -> Path:

@@ -78,7 +78,8 @@ BAD = {
 
 
 @pytest.mark.parametrize("body, message", BAD.values(), ids=BAD.keys())
-def test_bad_request_is_400_and_the_server_keeps_serving(client: Client, reference: ort.InferenceSession, body, message: str) -> None:
+def test_bad_request_is_400_and_the_server_keeps_serving(
+        client: Client, reference: ort.InferenceSession, body, message: str) -> None:
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     status, headers, reply = client.call("POST", f"/v2/models/{MODEL}/infer", raw, {"Content-Type": "application/json"})
     assert status == 400, reply
@@ -86,15 +87,20 @@ def test_bad_request_is_400_and_the_server_keeps_serving(client: Client, referen
     inputs = _inputs(7)  # the same keep-alive connection, then the answer is still right
     status, _, reply = client.infer(_json_request(inputs))
     assert status == 200
-    np.testing.assert_allclose(json.loads(reply)["outputs"][0]["data"], _expected(reference, inputs)["y"].ravel(), rtol=1e-6)
+    np.testing.assert_allclose(json.loads(reply)["outputs"][0]["data"], _expected(reference, inputs)["y"].ravel(),
+                               rtol=1e-6)
 
 
 BAD_BINARY = {
-    "size not matching the shape": (lambda x: {"binary_data_size": x.nbytes - 4}, lambda x: x.tobytes(), None, "binary_data_size"),
+    "size not matching the shape": (lambda x: {"binary_data_size": x.nbytes - 4}, lambda x: x.tobytes(), None,
+                                    "binary_data_size"),
     "body shorter than declared": (lambda x: {"binary_data_size": x.nbytes}, lambda x: x.tobytes()[:-4], None, "ends"),
-    "bytes nobody claims": (lambda x: {"binary_data_size": x.nbytes}, lambda x: x.tobytes() + b"xxxx", None, "no input claims"),
-    "header length past the body": (lambda x: {"binary_data_size": x.nbytes}, lambda x: x.tobytes(), "999999", "Inference-Header-Content-Length"),
-    "header length not a number": (lambda x: {"binary_data_size": x.nbytes}, lambda x: x.tobytes(), "ten", "Inference-Header-Content-Length"),
+    "bytes nobody claims": (lambda x: {"binary_data_size": x.nbytes}, lambda x: x.tobytes() + b"xxxx", None,
+                            "no input claims"),
+    "header length past the body": (lambda x: {"binary_data_size": x.nbytes}, lambda x: x.tobytes(), "999999",
+                                    "Inference-Header-Content-Length"),
+    "header length not a number": (lambda x: {"binary_data_size": x.nbytes}, lambda x: x.tobytes(), "ten",
+                                   "Inference-Header-Content-Length"),
 }
 
 
@@ -102,7 +108,8 @@ BAD_BINARY = {
 def test_bad_binary_framing_is_400(client: Client, params, payload, header, message: str) -> None:
     inputs = _inputs(8)
     x = inputs["x"]
-    head = json.dumps({"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": params(x)}, _good(inputs)[1]]}).encode()
+    head = json.dumps({"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": params(x)},
+                                  _good(inputs)[1]]}).encode()
     headers = {"Inference-Header-Content-Length": header or str(len(head))}
     status, _, reply = client.call("POST", f"/v2/models/{MODEL}/infer", head + payload(x), headers)
     assert status == 400 and message in json.loads(reply)["error"], reply

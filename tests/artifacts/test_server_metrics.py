@@ -50,7 +50,8 @@ def test_metrics_parse_as_prometheus_text_named_like_triton(client: Client) -> N
     buckets = [(s.labels["le"], s.value) for s in latency.samples if s.name.endswith("_bucket")]
     counts = [v for _, v in buckets]
     assert counts == sorted(counts) and buckets[-1][0] == "+Inf"
-    assert counts[-1] == _counter(metrics, "temper_request_duration_seconds_count") == _counter(metrics, "nv_inference_request_success")
+    assert (counts[-1] == _counter(metrics, "temper_request_duration_seconds_count")
+            == _counter(metrics, "nv_inference_request_success"))
     assert _counter(metrics, "temper_request_duration_seconds_sum") > 0
 
     sizes = families["temper_batch_size"]  # rows per execution; the server has run 1, 2 and 3-row requests by now

@@ -25,7 +25,8 @@ def slow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _slow_request(seed: int, rows: int = 1) -> dict:
-    return {"inputs": [{"name": "x", "shape": [rows, 4], "datatype": "FP32", "data": np.random.default_rng(seed).random(rows * 4).tolist()}]}
+    return {"inputs": [{"name": "x", "shape": [rows, 4], "datatype": "FP32",
+                        "data": np.random.default_rng(seed).random(rows * 4).tolist()}]}
 
 
 def test_overload_is_503_and_the_server_recovers(slow_model: Path, tmp_path: Path) -> None:

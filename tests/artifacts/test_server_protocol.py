@@ -38,8 +38,10 @@ def test_health_ready_and_metadata(client: Client) -> None:
     assert status == 200 and headers["content-type"] == "application/json"
     assert json.loads(body) == {
         "name": MODEL, "versions": ["1"], "platform": "onnxruntime_onnx",
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}, {"name": "ids", "datatype": "INT64", "shape": [-1, 3]}],
-        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}, {"name": "total", "datatype": "INT64", "shape": [-1, 1]}],
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]},
+                   {"name": "ids", "datatype": "INT64", "shape": [-1, 3]}],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]},
+                    {"name": "total", "datatype": "INT64", "shape": [-1, 1]}],
     }
     status, _, body = client.call("GET", "/v2")
     assert status == 200 and "binary_tensor_data" in json.loads(body)["extensions"]
@@ -88,11 +90,14 @@ def test_requested_outputs_only(client: Client, reference: ort.InferenceSession)
 def test_binary_request_and_binary_response_round_trip(client: Client, reference: ort.InferenceSession) -> None:
     inputs = _inputs(3, rows=5)
     request = {
-        "inputs": [{"name": "x", "shape": [5, 4], "datatype": "FP32", "parameters": {"binary_data_size": inputs["x"].nbytes}},
-                   {"name": "ids", "shape": [5, 3], "datatype": "INT64", "parameters": {"binary_data_size": inputs["ids"].nbytes}}],
+        "inputs": [{"name": "x", "shape": [5, 4], "datatype": "FP32",
+                    "parameters": {"binary_data_size": inputs["x"].nbytes}},
+                   {"name": "ids", "shape": [5, 3], "datatype": "INT64",
+                    "parameters": {"binary_data_size": inputs["ids"].nbytes}}],
         "parameters": {"binary_data_output": True},
     }
-    status, headers, body = client.infer(request, inputs["x"].astype("<f4").tobytes() + inputs["ids"].astype("<i8").tobytes())
+    status, headers, body = client.infer(request,
+                                         inputs["x"].astype("<f4").tobytes() + inputs["ids"].astype("<i8").tobytes())
     assert status == 200, body
     assert headers["content-type"] == "application/octet-stream"
     reply = json.loads(body[: int(headers["inference-header-content-length"])])
@@ -115,7 +120,8 @@ def test_per_output_binary_flag_overrides_the_request_default(client: Client, re
     np.testing.assert_allclose(got["y"], expected["y"], rtol=1e-6, atol=1e-6)
 
 
-def test_32_concurrent_clients_get_their_own_answers_in_batches(server: Served, reference: ort.InferenceSession) -> None:
+def test_32_concurrent_clients_get_their_own_answers_in_batches(
+        server: Served, reference: ort.InferenceSession) -> None:
     assert server.app.runtime.inline  # batches must form although a lone request would run inline
     watcher = Client(server.port)
     before = _metrics(watcher)
@@ -128,7 +134,8 @@ def test_32_concurrent_clients_get_their_own_answers_in_batches(server: Served, 
             status, headers, body = c.infer(_json_request(inputs, nested=True) if index % 2 else {
                 "inputs": [{"name": k, "shape": list(v.shape), "datatype": {"x": "FP32", "ids": "INT64"}[k],
                             "parameters": {"binary_data_size": v.nbytes}} for k, v in inputs.items()],
-                "parameters": {"binary_data_output": True}}, b"" if index % 2 else inputs["x"].tobytes() + inputs["ids"].tobytes())
+                "parameters": {"binary_data_output": True}},
+                b"" if index % 2 else inputs["x"].tobytes() + inputs["ids"].tobytes())
             if status != 200:
                 problems.append(f"client {index}: HTTP {status} {body[:200]!r}")
                 continue
@@ -137,7 +144,8 @@ def test_32_concurrent_clients_get_their_own_answers_in_batches(server: Served, 
             else:
                 got = _binary_outputs(headers, body)
             want = _expected(reference, inputs)
-            if not (np.allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5) and np.array_equal(got["total"], want["total"])):
+            if not (np.allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5)
+                    and np.array_equal(got["total"], want["total"])):
                 problems.append(f"client {index} turn {turn}: wrong answer")
         c.close()
         return problems
@@ -150,18 +158,22 @@ def test_32_concurrent_clients_get_their_own_answers_in_batches(server: Served, 
     delta = {name: _counter(after, name) - _counter(before, name)
              for name in ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count")}
     assert delta["nv_inference_request_success"] == 32 * rounds
-    assert delta["nv_inference_exec_count"] < delta["nv_inference_request_success"] <= delta["nv_inference_count"], delta
+    assert (delta["nv_inference_exec_count"] < delta["nv_inference_request_success"]
+            <= delta["nv_inference_count"]), delta
 
 
-def test_a_lone_client_runs_inline_and_metrics_report_the_start_up_choice(client: Client, reference: ort.InferenceSession) -> None:
+def test_a_lone_client_runs_inline_and_metrics_report_the_start_up_choice(
+        client: Client, reference: ort.InferenceSession) -> None:
     before = _metrics(client)
     for seed in range(20, 25):
         inputs = _inputs(seed)
         status, _, body = client.infer(_json_request(inputs))
         assert status == 200, body
-        np.testing.assert_allclose(json.loads(body)["outputs"][0]["data"], _expected(reference, inputs)["y"].ravel(), rtol=1e-6)
+        np.testing.assert_allclose(json.loads(body)["outputs"][0]["data"], _expected(reference, inputs)["y"].ravel(),
+                                   rtol=1e-6)
     after = _metrics(client)
-    delta = {name: _counter(after, name) - _counter(before, name) for name in ("temper_inline_exec_count", "nv_inference_exec_count")}
+    delta = {name: _counter(after, name) - _counter(before, name)
+             for name in ("temper_inline_exec_count", "nv_inference_exec_count")}
     assert delta == {"temper_inline_exec_count": 5, "nv_inference_exec_count": 5}
     (info,) = _families(client)["temper_runtime_info"].samples
     assert info.labels["engine"] == "cpu" and info.labels["inline"] == "true" and info.value == 1

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes some libraries put in messages
 
@@ -11,6 +13,11 @@ def first_line(exc: BaseException) -> str:
     """`Type: first line of the message`: library messages run to pages; the CLI shows one line."""
     lines = [line.strip() for line in _ANSI.sub("", str(exc)).splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def close_names(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
+    """The known names nearest a mistyped one, best first: what every "did you mean" offers."""
+    return difflib.get_close_matches(name, list(choices), n=n)
 
 
 class TemperError(Exception):

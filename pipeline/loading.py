@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import types
 import typing
@@ -14,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from pipeline import presets
-from pipeline.errors import RecipeError
+from pipeline.errors import RecipeError, close_names
 from pipeline.recipe import Recipe
 from pipeline.search import RefusedAlternative, Search, expand
 from pipeline.steps import STEPS
@@ -113,7 +112,7 @@ def describe(error: Any, data: Any) -> tuple[str, str]:
     kind, given = error["type"], error.get("input")
     if kind == "extra_forbidden":
         valid = _fields_at(loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+        close = close_names(str(loc[-1]), valid, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else (f" (valid keys: {', '.join(valid)})" if valid else "")
         return _path(loc), f"unknown key '{loc[-1]}'{hint}"
     if kind == "missing":

@@ -138,13 +138,22 @@ class StepSpec(Strict):
 
 
 BUILTIN_METRICS = ("top1", "topk", "f1", "cosine", "mse", "probe")
-PROVIDERS = ("cpu", "cuda", "tensorrt")
+Provider = Literal["cpu", "cuda", "tensorrt"]  # the one list: recipes, report.json and `temper bench` take these
 
 
 def _metric(value: Any) -> str:
     if not isinstance(value, str) or not (value in BUILTIN_METRICS or re.fullmatch(r".+\.py:[A-Za-z_]\w*", value)):
         raise ValueError(f"{value!r} is not a metric: use one of {', '.join(BUILTIN_METRICS)}, or file.py:function")
     return value
+
+
+_PERCENT = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*%\s*")
+
+
+def percent(budget: str) -> float | None:
+    """The number in a relative budget like '1%' (1.0), or None when `budget` is not one."""
+    match = _PERCENT.fullmatch(budget)
+    return float(match.group(1)) if match else None
 
 
 def _budget(value: Any) -> float | str:
@@ -154,10 +163,9 @@ def _budget(value: Any) -> float | str:
                          "or a string like '1%' (relative)")
     number = value
     if isinstance(value, str):
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*%\s*", value)
-        if not match:
+        number = percent(value)
+        if number is None:
             raise ValueError(f"{value!r} is not a budget: a relative budget is a percentage like '1%'")
-        number = float(match.group(1))
     if not math.isfinite(number):  # NaN fails every comparison (and is not JSON): every candidate would fail
         raise ValueError(f"{value!r} is not a budget: use a finite number like 0.01 (absolute) "
                          "or a string like '1%' (relative)")
@@ -211,7 +219,7 @@ class ThroughputSpec(Strict):
     """Batched throughput of the baseline and every candidate; `min_speedup` gates each batch size."""
 
     batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
-    providers: list[Literal["cpu", "cuda", "tensorrt"]] = Field(default_factory=lambda: ["cpu"], min_length=1)
+    providers: list[Provider] = Field(default_factory=lambda: ["cpu"], min_length=1)
     duration_s: float = Field(
         3.0, gt=0, allow_inf_nan=False, description="timed seconds per model, batch size and provider")
     warmup_s: float = Field(0.5, ge=0, allow_inf_nan=False)

@@ -29,7 +29,8 @@ from pipeline.loading import LoadedRecipe
 from pipeline.recipe import DataSource, InputSpec, StepSpec
 
 if TYPE_CHECKING:  # the steps import onnxsim, ORT's quantizers and (via onnxruntime.tools) torch: not at start-up
-    from pipeline.steps.base import Batch, Scorer, StepContext
+    from pipeline.onnx_io import Batch
+    from pipeline.steps.base import Scorer, StepContext
 
 SCRATCH = "temper-run-"  # the runner's scratch folders in the system temp folder: temper-run-<pid>-<random>
 LIBRARIES = ("temper-ml", "torch", "onnx", "onnxruntime", "onnxsim", "numpy")

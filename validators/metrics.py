@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 
 from pipeline.callables import call_user, load_callable
 from pipeline.errors import RecipeError
-from pipeline.recipe import AccuracyGate
+from pipeline.recipe import AccuracyGate, percent
 
 KEY = "validate.accuracy.metric"
 EMBEDDING_ADVICE = "for embeddings use metric: cosine or probe"
@@ -87,10 +86,10 @@ def drop(metric: Metric, baseline_value: float, candidate_value: float) -> float
 def allowed_drop(max_drop: float | str, baseline_value: float) -> float:
     """The absolute budget: a number as is; "1%" of the baseline's value (its magnitude, whatever its sign)."""
     if isinstance(max_drop, str):
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*%\s*", max_drop)
-        if match is None:
+        number = percent(max_drop)
+        if number is None:
             raise ValueError(f"{max_drop!r} is not a relative budget like '1%'")
-        return float(match.group(1)) / 100 * abs(baseline_value)
+        return number / 100 * abs(baseline_value)
     return float(max_drop)
 
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import GenerateJsonSchema
 
 from artifacts.host import HostProfile
+from pipeline.recipe import Provider
 
 SCHEMA_VERSION = 2
 FILE = "report.json"
@@ -81,7 +82,7 @@ class Measurement(_Model):
     """Throughput of one model at one batch size on one provider (validators.throughput.Measurement):
     the median of its interleaved slices."""
 
-    provider: Literal["cpu", "cuda", "tensorrt"]
+    provider: Provider
     batch_size: int = Field(ge=1)
     runs: int = Field(ge=1, description="timed inference calls")
     samples: int = Field(ge=1, description="runs * batch_size")

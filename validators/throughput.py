@@ -21,8 +21,11 @@ import psutil
 from artifacts.host import usable_cores
 from pipeline.errors import EnvironmentProblem, OptionError
 from pipeline.onnx_io import dims, load_structure
+from pipeline.recipe import Provider
 
-PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
+# ONNX Runtime's name for each provider a recipe may name (pipeline.recipe.Provider)
+PROVIDERS: dict[Provider, str] = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
+                                  "tensorrt": "TensorrtExecutionProvider"}
 _INSTALL = {
     "cuda": "install onnxruntime-gpu on a machine with an NVIDIA GPU",
     "tensorrt": "install onnxruntime-gpu and TensorRT on a machine with an NVIDIA GPU",

@@ -12,17 +12,16 @@ pulls in torch (onnxsim, onnxruntime.tools) where it runs, never at module level
 
 from __future__ import annotations
 
-import difflib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar
 
-import numpy as np
 from pydantic import BaseModel
 
-from pipeline.errors import OptionError, StepFailed
+from pipeline.errors import OptionError, StepFailed, close_names
+from pipeline.onnx_io import Batch
 from pipeline.recipe import InputSpec
 
 if TYPE_CHECKING:
@@ -30,7 +29,6 @@ if TYPE_CHECKING:
 
     from validators.scoring import Score
 
-Batch = dict[str, np.ndarray]
 Options = TypeVar("Options", bound=BaseModel)
 
 
@@ -102,7 +100,7 @@ def require_known(key: str, what: str, wanted: list[str], present: list[str]) ->
     for index, name in enumerate(wanted):
         if name in known:
             continue
-        close = difflib.get_close_matches(name, present, n=3)
+        close = close_names(name, present)
         if close:
             hint = "closest: " + ", ".join(close)
         elif present:

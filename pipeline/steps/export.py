@@ -14,10 +14,9 @@ import torch
 
 from pipeline import onnx_io
 from pipeline.errors import OptionError, StepFailed, first_line
+from pipeline.onnx_io import Batch
 from pipeline.recipe import ModelSpec
 from validators.fidelity import compare
-
-Batch = dict[str, np.ndarray]
 
 
 def dynamic_axes(spec: ModelSpec) -> dict[str, dict[int, str]]:

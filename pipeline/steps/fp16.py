@@ -9,7 +9,6 @@ finite. Every float16 tensor is therefore read back as a float16 graph output.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from onnx import TensorProto
 from onnxruntime.transformers.float16 import convert_float_to_float16
 from onnxruntime.transformers.onnx_model import OnnxModel
 
-from pipeline.errors import OptionError, StepFailed, first_line
+from pipeline.errors import OptionError, StepFailed, close_names, first_line
 from pipeline.onnx_io import Batch, fit_batch, load_structure, save, session
 from pipeline.step_options import Fp16Options
 from pipeline.steps.base import Step, StepContext, require_known
@@ -41,7 +40,7 @@ def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
 
 
 def _did_you_mean(name: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
+    close = close_names(name, choices)
     return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 

@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline.cache import TUNING_FILE
+from pipeline.onnx_io import Batch
 from pipeline.step_options import FallbackOptions, QuantizeOptions
-from pipeline.steps.base import Batch, Scorer
+from pipeline.steps.base import Scorer
 from pipeline.steps.quantize import quantize_static, sensitivity
 
 

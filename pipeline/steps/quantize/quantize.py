@@ -17,8 +17,9 @@ import onnx
 
 from pipeline import onnx_io
 from pipeline.errors import OptionError, StepFailed, TemperError, first_line
+from pipeline.onnx_io import Batch
 from pipeline.step_options import QuantizeOptions
-from pipeline.steps.base import Batch, Step, StepContext, require_known
+from pipeline.steps.base import Step, StepContext, require_known
 from pipeline.steps.quantize import fallback, quantize_dynamic, quantize_modelopt, quantize_static
 
 

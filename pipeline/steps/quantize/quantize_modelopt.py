@@ -16,8 +16,8 @@ import onnx
 
 from pipeline import onnx_io
 from pipeline.errors import EnvironmentProblem, OptionError
+from pipeline.onnx_io import Batch
 from pipeline.step_options import QuantizeOptions
-from pipeline.steps.base import Batch
 
 METHODS = {"minmax": "max", "entropy": "entropy"}
 

@@ -30,8 +30,8 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from pipeline import onnx_io
 from pipeline.errors import OptionError, StepFailed, first_line
+from pipeline.onnx_io import Batch
 from pipeline.step_options import QuantizeOptions
-from pipeline.steps.base import Batch
 
 METHODS = {
     "minmax": CalibrationMethod.MinMax,

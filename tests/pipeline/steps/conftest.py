@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.steps.base import Batch, StepContext
+from pipeline.onnx_io import Batch
+from pipeline.steps.base import StepContext
 
 
 class TinyCnn(nn.Module):

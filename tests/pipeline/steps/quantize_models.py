@@ -10,9 +10,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline import onnx_io
+from pipeline.onnx_io import Batch
 from pipeline.recipe import InputSpec
 from pipeline.step_options import QuantizeOptions
-from pipeline.steps.base import Batch, StepContext
+from pipeline.steps.base import StepContext
 from pipeline.steps.quantize import Quantize
 
 STEP = Quantize()

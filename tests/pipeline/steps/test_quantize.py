@@ -12,8 +12,9 @@ from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, Q
 
 from pipeline import onnx_io
 from pipeline.errors import OptionError, RecipeError, StepFailed
+from pipeline.onnx_io import Batch
 from pipeline.step_options import QuantizeOptions
-from pipeline.steps.base import Batch, StepContext
+from pipeline.steps.base import StepContext
 from tests.pipeline.steps.quantize_models import (
     FLOAT_OPS,
     STEP,

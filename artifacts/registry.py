@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
+from mlflow.entities.model_registry import ModelVersion
 from mlflow.tracking import MlflowClient
 
 from artifacts.bundle import CONFIG
@@ -169,12 +170,11 @@ def fetch(uri: str, tracking: str | None, dest: Path) -> Fetched:
         raise StoreUnreachable(f"the MLflow store {tracking_uri(tracking)} does not answer ({_first_line(exc)}): "
                                "start it, or pass --tracking-uri") from exc
     try:
-        name, version = _resolve_version(client, uri)
-        tags = dict(client.get_model_version(name, version).tags)
-        folder = _download_bundle(f"models:/{name}/{version}", dest)
+        found = _resolve_version(client, uri)
+        folder = _download_bundle(f"models:/{found.name}/{found.version}", dest)
     except (ValueError, FileNotFoundError, mlflow.exceptions.MlflowException) as exc:
         raise NoSuchModel(_first_line(exc)) from exc
-    return Fetched(name, version, folder, tags)
+    return Fetched(found.name, str(found.version), folder, dict(found.tags))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -182,17 +182,16 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def _resolve_version(client: MlflowClient, uri: str) -> tuple[str, str]:
-    """(name, version) for models:/NAME@ALIAS or models:/NAME/VERSION."""
+def _resolve_version(client: MlflowClient, uri: str) -> ModelVersion:
+    """The registered version models:/NAME@ALIAS or models:/NAME/VERSION names."""
     if not uri.startswith("models:/"):
         raise ValueError(f"'{uri}' is not a models:/NAME@ALIAS or models:/NAME/VERSION URI")
     ref = uri.removeprefix("models:/")
     if "@" in ref:
         name, alias = ref.split("@", 1)
-        return name, str(client.get_model_version_by_alias(name, alias).version)
+        return client.get_model_version_by_alias(name, alias)
     name, _, version = ref.partition("/")
-    client.get_model_version(name, version)
-    return name, version
+    return client.get_model_version(name, version)
 
 
 def _download_bundle(uri: str, dest: Path) -> Path:

@@ -2,36 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import numpy as np
 
 from pipeline.recipe import ValidateSpec
 from validators.gates import Gate, at_least, at_most
+from validators.report_model import Comparison
 
 
-@dataclass(frozen=True)
-class OutputComparison:
-    name: str
-    max_abs: float
-    mean_abs: float
-    p99_abs: float
-    max_rel: float
-    cosine: float
-    nonfinite: int  # NaN/Inf count in the candidate output
-    within_tolerance: bool
-
-    def as_dict(self) -> dict[str, float | int | bool | str]:
-        return asdict(self)
-
-    def describe(self) -> str:
-        return (
-            f"{self.name}: max abs err {self.max_abs:.3g}, mean {self.mean_abs:.3g}, "
-            f"max rel {self.max_rel:.3g}, cosine {self.cosine:.6f}, non-finite {self.nonfinite}"
-        )
-
-
-def compare(name: str, reference: np.ndarray, candidate: np.ndarray, atol: float, rtol: float) -> OutputComparison:
+def compare(name: str, reference: np.ndarray, candidate: np.ndarray, atol: float, rtol: float) -> Comparison:
     """Compare one output; `within_tolerance` follows numpy.allclose (|c - r| <= atol + rtol*|r|)."""
     ref = np.asarray(reference, dtype=np.float64)
     got = np.asarray(candidate, dtype=np.float64)
@@ -44,7 +22,7 @@ def compare(name: str, reference: np.ndarray, candidate: np.ndarray, atol: float
     norm = float(np.linalg.norm(a) * np.linalg.norm(b))
     cosine = float(np.dot(a, b) / norm) if norm > 0 else float(np.array_equal(a, b))
     finite = nonfinite == 0
-    return OutputComparison(
+    return Comparison(
         name=name,
         max_abs=float(err.max()) if err.size else 0.0,
         mean_abs=float(err.mean()) if err.size else 0.0,
@@ -56,7 +34,7 @@ def compare(name: str, reference: np.ndarray, candidate: np.ndarray, atol: float
     )
 
 
-def fidelity_gates(comparisons: list[OutputComparison], spec: ValidateSpec) -> list[Gate]:
+def fidelity_gates(comparisons: list[Comparison], spec: ValidateSpec) -> list[Gate]:
     """NaN/Inf per output, and the recipe's cosine / atol bounds (also what the quantize fallback aims at)."""
     gates = []
     for c in comparisons:

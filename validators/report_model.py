@@ -49,7 +49,7 @@ class Gate(_Model):
 
 
 class Comparison(_Model):
-    """One output of a candidate against the baseline's (validators.fidelity.OutputComparison)."""
+    """One output of a candidate against the baseline's, as validators.fidelity.compare measures it."""
 
     name: str
     max_abs: float
@@ -59,6 +59,10 @@ class Comparison(_Model):
     cosine: float
     nonfinite: int = Field(ge=0, description="NaN/Inf values in the candidate's output")
     within_tolerance: bool = Field(description="numpy.allclose at atol = rtol = 0, and every value finite")
+
+    def describe(self) -> str:
+        return (f"{self.name}: max abs err {self.max_abs:.3g}, mean {self.mean_abs:.3g}, "
+                f"max rel {self.max_rel:.3g}, cosine {self.cosine:.6f}, non-finite {self.nonfinite}")
 
 
 class Latency(_Model):

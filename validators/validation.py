@@ -20,7 +20,7 @@ from pipeline.errors import RecipeError
 from pipeline.recipe import ValidateSpec
 from validators import report_model, scoring
 from validators.evaluate import predict
-from validators.fidelity import OutputComparison, compare, fidelity_gates
+from validators.fidelity import compare, fidelity_gates
 from validators.gates import Gate, Verdict, at_most, select
 from validators.speedup import Speedup, estimate
 from validators.throughput import Measurement, batch_of, measure, session_for
@@ -62,7 +62,7 @@ class CandidateResult:
     verdict: Verdict
     metric: float | None = None
     drop: float | None = None
-    fidelity: list[OutputComparison] = field(default_factory=list)
+    fidelity: list[report_model.Comparison] = field(default_factory=list)
     throughput: list[tuple[Measurement, Speedup]] = field(default_factory=list)  # with its speedup interval
     tuning: dict[str, Any] | None = None  # the quantize fallback's record (tuning.json), when it ran
 
@@ -322,7 +322,7 @@ def _candidate(c: CandidateResult, precision: str | None) -> report_model.Candid
         metric=c.metric,
         drop=c.drop,
         gates=[report_model.Gate.model_validate(g, from_attributes=True) for g in c.verdict.gates],
-        fidelity=[report_model.Comparison.model_validate(f, from_attributes=True) for f in c.fidelity],
+        fidelity=c.fidelity,
         throughput=[report_model.CandidateMeasurement.model_validate(
             {**m.as_dict(), "speedup": up.ratio,
              "speedup_interval": None if up.low is None or up.high is None else (up.low, up.high)})

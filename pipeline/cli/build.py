@@ -49,7 +49,6 @@ def run(
     """Build the baseline and every candidate, validate them against the recipe's gates, write the output
     folder, and publish the selected candidate when the recipe has a publish section and the gates hold."""
     loaded = load_recipe(recipe)
-    flow.check_required(loaded, require)
     begin = time.perf_counter()
     with progress() as shown_progress:
         outcome = flow.run(loaded, output or Path("out") / loaded.recipe.name, step_cache(cache_dir, not no_cache),

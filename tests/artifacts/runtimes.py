@@ -39,8 +39,10 @@ def linear_model(tmp_path: Path) -> Path:
     )
 
 
-def pooling_model(tmp_path: Path) -> Path:
-    """Token embeddings [batch, seq, 3] and their attention-masked mean [batch, 3]."""
+def pooling_model(tmp_path: Path, embeddings: np.ndarray = EMBEDDINGS) -> Path:
+    """Token embeddings [batch, seq, width] and their attention-masked mean [batch, width]: a tiny
+    encoder's shape, with `embeddings` [vocab, width] as its table (10 x 3 by default)."""
+    width = embeddings.shape[1]
     nodes = [
         helper.make_node("Gather", ["E", "input_ids"], ["tokens"]),
         helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
@@ -53,11 +55,11 @@ def pooling_model(tmp_path: Path) -> Path:
     ids = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
            for n in ("input_ids", "attention_mask")]
     outputs = [
-        helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["batch", "seq", 3]),
-        helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", 3]),
+        helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["batch", "seq", width]),
+        helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", width]),
     ]
     constants = [
-        numpy_helper.from_array(EMBEDDINGS, "E"),
+        numpy_helper.from_array(embeddings, "E"),
         numpy_helper.from_array(np.array([2], np.int64), "last"),
         numpy_helper.from_array(np.array([1], np.int64), "seq"),
     ]

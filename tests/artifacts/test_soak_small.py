@@ -8,44 +8,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from benchmarks import soak
+from tests.artifacts.runtimes import pooling_model
 
 VOCAB, WIDTH = 4096, 64
+TABLE = np.random.default_rng(0).standard_normal((VOCAB, WIDTH)).astype(np.float32)  # like a tiny encoder
 REQUESTS = 3000
 GROWTH_LIMIT = 48 * soak.MiB  # generous: the shapes reach a few MiB of activations at most
 
 
-def _token_model(path: Path) -> Path:
-    """Per-token embeddings [batch, seq, 64] and their attention-masked mean [batch, 64], like a tiny encoder."""
-    table = np.random.default_rng(0).standard_normal((VOCAB, WIDTH)).astype(np.float32)
-    nodes = [
-        helper.make_node("Gather", ["E", "input_ids"], ["gathered"]),
-        helper.make_node("MatMul", ["gathered", "P"], ["tokens"]),
-        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
-        helper.make_node("Unsqueeze", ["maskf", "last"], ["mask3"]),
-        helper.make_node("Mul", ["tokens", "mask3"], ["masked"]),
-        helper.make_node("ReduceSum", ["masked", "seq"], ["total"], keepdims=0),
-        helper.make_node("ReduceSum", ["maskf", "seq"], ["count"], keepdims=1),
-        helper.make_node("Div", ["total", "count"], ["pooled"]),
-    ]
-    ids = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "seq"])
-           for name in ("input_ids", "attention_mask")]
-    outputs = [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["batch", "seq", WIDTH]),
-               helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", WIDTH])]
-    constants = [numpy_helper.from_array(table, "E"),
-                 numpy_helper.from_array(np.eye(WIDTH, dtype=np.float32) * 0.5, "P"),
-                 numpy_helper.from_array(np.array([2], np.int64), "last"),
-                 numpy_helper.from_array(np.array([1], np.int64), "seq")]
-    graph = helper.make_graph(nodes, "tokens", ids, outputs, constants)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return path
-
-
 def test_mixed_shapes_serve_without_errors_and_rss_levels_off(tmp_path: Path) -> None:
-    folder = soak.make_bundle(_token_model(tmp_path / "tokens.onnx"), tmp_path / "bundle", name="tokens")
+    folder = soak.make_bundle(pooling_model(tmp_path, TABLE), tmp_path / "bundle", name="tokens")
     load = soak.Load()
     with soak.serving(folder, tmp_path / "serve.log", ready_within_s=120) as (process, port):
         before = soak.counters(port)

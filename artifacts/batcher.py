@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from artifacts.bundle import ServingConfig
-from artifacts.counters import Counters
-from artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
+from temper.artifacts.bundle import ServingConfig
+from temper.artifacts.counters import Counters
+from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 
 log = logging.getLogger("temper.serving")
 

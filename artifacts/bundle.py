@@ -18,7 +18,7 @@ from typing import Literal
 import onnx
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from artifacts.host import HostProfile
+from temper.artifacts.host import HostProfile
 
 MODEL = "model.onnx"
 CONFIG = "runtime.json"

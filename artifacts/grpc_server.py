@@ -37,10 +37,10 @@ except (ImportError, RuntimeError) as exc:  # tritonclient reports a missing grp
     raise ImportError(f"gRPC serving needs grpcio and tritonclient[grpc] (pip install 'temper-ml[grpc]'): {exc}") \
         from exc
 
-from artifacts.bundle import TensorSpec
-from artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
-from artifacts.protocol import DATATYPES, VERSION, WIRE
-from artifacts.runtime import Runtime
+from temper.artifacts.bundle import TensorSpec
+from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
+from temper.artifacts.protocol import DATATYPES, VERSION, WIRE
+from temper.artifacts.runtime import Runtime
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024

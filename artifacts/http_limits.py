@@ -27,7 +27,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from artifacts.bundle import ServingConfig
+from temper.artifacts.bundle import ServingConfig
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # the body limit when a dynamic non-batch dim leaves the size unknown
 MIN_BODY_BYTES = 1024 * 1024

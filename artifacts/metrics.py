@@ -32,8 +32,8 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from artifacts.protocol import VERSION
-from artifacts.runtime import Runtime
+from temper.artifacts.protocol import VERSION
+from temper.artifacts.runtime import Runtime
 
 LABELS = ["model", "version"]
 CLOSE_REASONS = ("header_timeout", "body_timeout", "evicted", "refused")

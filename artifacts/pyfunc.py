@@ -1,6 +1,7 @@
 """The serving runtime as an MLflow pyfunc model, loadable without temper installed.
 
-log_bundle ships this package (artifacts/) as the model's code_paths and the bundle folder as
+log_bundle ships this package as the model's code (`temper/artifacts/`, under temper's own
+name, so a serving application's own `artifacts` module is untouched) and the bundle folder as
 its one artifact, so `mlflow.pyfunc.load_model("models:/<name>/<version>")` needs only the
 pinned pip requirements. predict always returns dict[str, np.ndarray] keyed by output name,
 one-output models included, matching the named-tensor signature.
@@ -15,6 +16,8 @@ nested lists, which MLflow casts to the signature's dtypes.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -26,8 +29,8 @@ from mlflow.models import ModelSignature
 from mlflow.models.model import ModelInfo
 from mlflow.types import Schema, TensorSpec
 
-from artifacts.bundle import ServingConfig, read
-from artifacts.runtime import RequestError, Runtime
+from temper.artifacts.bundle import ServingConfig, read
+from temper.artifacts.runtime import RequestError, Runtime
 
 REQUIREMENTS = ("onnxruntime", "numpy", "pandas", "mlflow", "onnx", "pydantic", "psutil", "platformdirs")
 EXAMPLE_DYNAMIC_DIM = 8
@@ -144,12 +147,22 @@ def pinned_requirements() -> list[str]:
 def log_bundle(bundle: Path, name: str = "model") -> ModelInfo:
     """Log the bundle as a pyfunc model in the active MLflow run."""
     config = read(bundle)
-    return mlflow.pyfunc.log_model(
-        name=name,
-        python_model=TemperModel(),
-        artifacts={"bundle": str(bundle)},
-        code_paths=[str(Path(__file__).resolve().parent)],
-        signature=signature(config),
-        input_example=input_example(config),
-        pip_requirements=pinned_requirements(),
-    )
+    with tempfile.TemporaryDirectory() as staging:
+        code = _stage_code(Path(staging))
+        return mlflow.pyfunc.log_model(
+            name=name,
+            python_model=TemperModel(),
+            artifacts={"bundle": str(bundle)},
+            code_paths=[str(code)],
+            signature=signature(config),
+            input_example=input_example(config),
+            pip_requirements=pinned_requirements(),
+        )
+
+
+def _stage_code(staging: Path) -> Path:
+    """staging/temper/artifacts/: MLflow copies a code path folder under its own name and puts the
+    folder above it on sys.path, so shipping `temper/` makes `temper.artifacts` importable there."""
+    package = Path(__file__).resolve().parent
+    shutil.copytree(package, staging / "temper" / "artifacts", ignore=shutil.ignore_patterns("__pycache__"))
+    return staging / "temper"

@@ -21,7 +21,7 @@ import mlflow
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.tracking import MlflowClient
 
-from artifacts.bundle import CONFIG
+from temper.artifacts.bundle import CONFIG
 
 DEFAULT_DB = "mlflow.db"
 DEFAULT_ARTIFACTS = "mlartifacts"
@@ -78,7 +78,7 @@ def record_run(
 ) -> tuple[str, str | None]:
     """One MLflow run per temper run, gates passed or not; the serving bundle is logged as a pyfunc
     model only when there is one to ship. Returns (run id, model URI or None)."""
-    from artifacts.pyfunc import log_bundle
+    from temper.artifacts.pyfunc import log_bundle
 
     with mlflow.start_run(experiment_id=_experiment(client, experiment), run_name=run_name) as run:
         mlflow.log_params({_key(k): _value(v) for k, v in params.items()})

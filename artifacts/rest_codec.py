@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from artifacts.bundle import ServingConfig, TensorSpec
-from artifacts.errors import RequestError
-from artifacts.protocol import DATATYPES, VERSION, WIRE
+from temper.artifacts.bundle import ServingConfig, TensorSpec
+from temper.artifacts.errors import RequestError
+from temper.artifacts.protocol import DATATYPES, VERSION, WIRE
 
 BINARY_HEADER = b"inference-header-content-length"
 JSON_TYPE = (b"content-type", b"application/json")

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from artifacts import engines
-from artifacts.batcher import Batcher, pad_length
-from artifacts.bundle import MODEL, ServingConfig, read
-from artifacts.counters import Counters
-from artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
-from artifacts.host import HostProfile, profile, usable_cores
+from temper.artifacts import engines
+from temper.artifacts.batcher import Batcher, pad_length
+from temper.artifacts.bundle import MODEL, ServingConfig, read
+from temper.artifacts.counters import Counters
+from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
+from temper.artifacts.host import HostProfile, profile, usable_cores
 
 __all__ = ["INLINE_MAX_MS", "Overloaded", "RequestError", "RequestTimeout", "Runtime", "Stopped"]
 

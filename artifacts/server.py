@@ -42,8 +42,8 @@ from typing import Any
 
 import uvicorn
 
-from artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
-from artifacts.http_limits import (
+from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
+from temper.artifacts.http_limits import (
     BODY_TIMEOUT_S,
     HEADER_TIMEOUT_S,
     KEEP_ALIVE_S,
@@ -52,9 +52,9 @@ from artifacts.http_limits import (
     body_limit,
     connection_limit,
 )
-from artifacts.metrics import Exposition
-from artifacts.protocol import VERSION
-from artifacts.rest_codec import (
+from temper.artifacts.metrics import Exposition
+from temper.artifacts.protocol import VERSION
+from temper.artifacts.rest_codec import (
     JSON_TYPE,
     HttpError,
     Response,
@@ -63,8 +63,8 @@ from artifacts.rest_codec import (
     error_response,
     tensor_metadata,
 )
-from artifacts.runtime import Runtime
-from artifacts.triton_extensions import PLATFORM, model_config, statistics
+from temper.artifacts.runtime import Runtime
+from temper.artifacts.triton_extensions import PLATFORM, model_config, statistics
 
 __all__ = ["InferenceServer", "bind", "body_limit", "serve"]
 

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import onnx
 
-from artifacts.bundle import CONFIG as BUNDLE_CONFIG
-from artifacts.bundle import MODEL, ServingConfig, TensorSpec, read
-from artifacts.folders import MARKER, mark, replaceable
+from temper.artifacts.bundle import CONFIG as BUNDLE_CONFIG
+from temper.artifacts.bundle import MODEL, ServingConfig, TensorSpec, read
+from temper.artifacts.folders import MARKER, mark, replaceable
 
 CONFIG = "config.pbtxt"
 VERSION = "1"

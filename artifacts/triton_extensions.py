@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from artifacts.protocol import VERSION
-from artifacts.runtime import Runtime
-from artifacts.triton import _model_config
+from temper.artifacts.protocol import VERSION
+from temper.artifacts.runtime import Runtime
+from temper.artifacts.triton import _model_config
 
 PLATFORM = "onnxruntime_onnx"  # Triton's name for what runs the model
 

@@ -42,8 +42,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from validators import report_model  # noqa: E402
-from validators.report_model import Report  # noqa: E402
+from temper.validators import report_model  # noqa: E402
+from temper.validators.report_model import Report  # noqa: E402
 
 RECIPES = ROOT / "recipes"
 RECIPE_FILES = ("digits-cnn.yaml", "digits_model.py", "digits_data.py", "digits_cnn.pt")

@@ -32,9 +32,9 @@ from typing import Any
 
 import yaml
 
-from validators import report_model
-from validators.report import speedup_text
-from validators.report_model import Measurement, Report
+from temper.validators import report_model
+from temper.validators.report import speedup_text
+from temper.validators.report_model import Measurement, Report
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = [ROOT / "recipes" / "digits-cnn.yaml", ROOT / "recipes" / "minilm.yaml"]

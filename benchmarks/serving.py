@@ -214,7 +214,7 @@ def _input_name(path: Path) -> str:
 
 
 def make_bundle(model: Model, dest: Path, max_batch: int, max_delay_ms: float) -> Path:
-    from artifacts import bundle
+    from temper.artifacts import bundle
 
     if dest.exists():
         shutil.rmtree(dest)
@@ -1103,7 +1103,7 @@ def main(argv: list[str] | None = None) -> int:
     base.mkdir(parents=True, exist_ok=True)
     log(f"outputs: {base}")
     machine_info = machine()
-    from artifacts.host import profile
+    from temper.artifacts.host import profile
 
     host = profile().summary()
     log(f"host: {host}")

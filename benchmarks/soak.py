@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RECIPE = ROOT / "recipes" / "minilm.yaml"
 MiB = 1024 * 1024
-TEMPER = [sys.executable, "-c", "import sys; from pipeline.cli import main; sys.argv[0] = 'temper'; main()"]
+TEMPER = [sys.executable, "-c", "import sys; from temper.pipeline.cli import main; sys.argv[0] = 'temper'; main()"]
 
 
 def log(*parts: object) -> None:
@@ -88,7 +88,7 @@ def build_minilm(base: Path, candidate: str) -> Path:
 
 def make_bundle(model: Path, dest: Path, name: str = "minilm", max_batch_size: int = 32) -> Path:
     """A serving bundle padding the token inputs to the longest in each batch."""
-    from artifacts import bundle
+    from temper.artifacts import bundle
 
     config = bundle.config_for(model, name, max_batch_size=max_batch_size, max_delay_ms=10, max_queue=256,
                                pad={"input_ids": 0, "attention_mask": 0})
@@ -354,7 +354,7 @@ VARIANTS = {
 
 def variant_session(model: Path, variant: str) -> tuple[ort.InferenceSession, ort.RunOptions | None]:
     """A session like engines.open_session's (all usable cores, intra-op threads that sleep) with `variant`'s change."""
-    from artifacts.host import usable_cores
+    from temper.artifacts.host import usable_cores
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = usable_cores()

@@ -31,14 +31,14 @@ sys.path.insert(0, str(ROOT))
 
 from onnxruntime.quantization import CalibrationDataReader, quantize_dynamic, quantize_static  # noqa: E402
 
-from pipeline import gating, onnx_io  # noqa: E402
-from pipeline.cache import StepCache, default_root  # noqa: E402
-from pipeline.errors import TemperError  # noqa: E402
-from pipeline.loading import load_recipe  # noqa: E402
-from pipeline.runner import Runner  # noqa: E402
-from pipeline.steps.quantize import calibration_feeds  # noqa: E402
-from validators.report_model import Report  # noqa: E402
-from validators.validation import build_report, validate  # noqa: E402
+from temper.pipeline import gating, onnx_io  # noqa: E402
+from temper.pipeline.cache import StepCache, default_root  # noqa: E402
+from temper.pipeline.errors import TemperError  # noqa: E402
+from temper.pipeline.loading import load_recipe  # noqa: E402
+from temper.pipeline.runner import Runner  # noqa: E402
+from temper.pipeline.steps.quantize import calibration_feeds  # noqa: E402
+from temper.validators.report_model import Report  # noqa: E402
+from temper.validators.validation import build_report, validate  # noqa: E402
 
 DEFAULT = [ROOT / "recipes" / "digits-search.yaml", ROOT / "recipes" / "minilm-static.yaml"]
 SIZES = [1, 8, 32]

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.callables import call_user, load_callable
-from pipeline.errors import RecipeError, first_line
-from pipeline.recipe import DataSource
+from temper.pipeline.callables import call_user, load_callable
+from temper.pipeline.errors import RecipeError, first_line
+from temper.pipeline.recipe import DataSource
 
 TABLE_FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 

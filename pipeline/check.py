@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pipeline import onnx_io
-from pipeline.callables import load_callable
-from pipeline.errors import OptionError, RecipeError
-from pipeline.gating import preflight
-from pipeline.runner import Runner
-from pipeline.steps import STEPS, uses_calibration
+from temper.pipeline import onnx_io
+from temper.pipeline.callables import load_callable
+from temper.pipeline.errors import OptionError, RecipeError
+from temper.pipeline.gating import preflight
+from temper.pipeline.runner import Runner
+from temper.pipeline.steps import STEPS, uses_calibration
 
 
 def check(runner: Runner, tracking: str | None = None) -> list[str]:

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.cache import StepCache
-from pipeline.errors import RecipeError
-from pipeline.loading import LoadedRecipe
-from pipeline.runner import Observer, Runner, RunResult
+from temper.pipeline.cache import StepCache
+from temper.pipeline.errors import RecipeError
+from temper.pipeline.loading import LoadedRecipe
+from temper.pipeline.runner import Observer, Runner, RunResult
 
 if TYPE_CHECKING:
-    from artifacts.registry import Published
-    from validators.report_model import Report
+    from temper.artifacts.registry import Published
+    from temper.validators.report_model import Report
 
 
 @dataclass
@@ -54,10 +54,10 @@ def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[s
     Everything that needs no candidate (data, providers, metric fit, memory, the MLflow store when the
     recipe publishes) is checked first, so a bad recipe fails in seconds, not after the builds.
     """
-    from pipeline.gating import from_run, precheck, preflight
-    from pipeline.outputs import OutputFolder
-    from validators import report
-    from validators.validation import build_report, validate
+    from temper.pipeline.gating import from_run, precheck, preflight
+    from temper.pipeline.outputs import OutputFolder
+    from temper.validators import report
+    from temper.validators.validation import build_report, validate
 
     check_required(loaded, require)
     folder = OutputFolder(output)
@@ -81,9 +81,9 @@ def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[s
 def revalidate(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[str] | None = None,
                observer: Observer | None = None) -> Outcome:
     """Validate an existing output folder again (new budgets, another host) and rewrite its reports."""
-    from pipeline.gating import from_folder
-    from validators import report
-    from validators.validation import build_report, validate
+    from temper.pipeline.gating import from_folder
+    from temper.validators import report
+    from temper.validators.validation import build_report, validate
 
     if loaded.recipe.validation is None:
         raise RecipeError(loaded.file, "validate", "this recipe has no validate section: nothing to check")
@@ -99,7 +99,7 @@ def publish(loaded: LoadedRecipe, outcome: Outcome, tracking: str | None = None)
     when no candidate passed (the report says why)."""
     if loaded.recipe.publish is None or outcome.report is None:
         return None
-    from pipeline.publishing import publish_run
+    from temper.pipeline.publishing import publish_run
 
     return publish_run(loaded, outcome.folder, outcome.report, tracking)
 

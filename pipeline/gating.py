@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.cache import MODEL_FILE, TUNING_FILE
-from pipeline.errors import EnvironmentProblem, RecipeError, first_line
-from pipeline.loading import LoadedRecipe
-from pipeline.outputs import MANIFEST, build_fingerprint
-from pipeline.runner import Runner, RunResult
-from pipeline.steps import candidate_precision
-from validators.validation import Subject
+from temper.pipeline.cache import MODEL_FILE, TUNING_FILE
+from temper.pipeline.errors import EnvironmentProblem, RecipeError, first_line
+from temper.pipeline.loading import LoadedRecipe
+from temper.pipeline.outputs import MANIFEST, build_fingerprint
+from temper.pipeline.runner import Runner, RunResult
+from temper.pipeline.steps import candidate_precision
+from temper.validators.validation import Subject
 
 
 def subject(runner: Runner, baseline: Path, candidates: dict[str, Path | str]) -> Subject:
@@ -41,7 +41,7 @@ def tunings(candidates: dict[str, Path | str]) -> dict[str, dict[str, Any]]:
 
 def precheck(runner: Runner) -> None:
     """What validation needs that can be checked before minutes of building: data and providers."""
-    from validators.throughput import require_available
+    from temper.validators.throughput import require_available
 
     spec = runner.recipe.validation
     if spec is None:
@@ -63,7 +63,7 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
     fails on it before building any candidate and `temper check` finds it too: the metric fits the
     baseline's outputs, each provider really activates, each batch size fits in memory and in the
     model, and the MLflow store answers. Returns what was checked."""
-    from validators.throughput import fits_in_memory, session_for
+    from temper.validators.throughput import fits_in_memory, session_for
 
     precheck(runner)
     spec, loaded = runner.recipe.validation, runner.loaded
@@ -85,7 +85,7 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
             done.append(f"validate.throughput: providers {', '.join(spec.throughput.providers)} active, batch sizes "
                         f"{spec.throughput.batch_sizes} fit in memory")
     if runner.recipe.publish is not None:
-        from artifacts.registry import connect, reachable, tracking_uri
+        from temper.artifacts.registry import connect, reachable, tracking_uri
 
         try:
             reachable(connect(tracking))

@@ -12,11 +12,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from pipeline import presets
-from pipeline.errors import RecipeError, close_names
-from pipeline.recipe import Recipe
-from pipeline.search import RefusedAlternative, Search, expand
-from pipeline.steps import STEPS
+from temper.pipeline import presets
+from temper.pipeline.errors import RecipeError, close_names
+from temper.pipeline.recipe import Recipe
+from temper.pipeline.search import RefusedAlternative, Search, expand
+from temper.pipeline.steps import STEPS
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 from google.protobuf.message import EncodeError
 
-from pipeline.errors import OptionError
+from temper.pipeline.errors import OptionError
 
 Batch = dict[str, np.ndarray]
 

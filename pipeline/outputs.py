@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 from onnx.external_data_helper import _get_all_tensors
 
-from artifacts.folders import MARKER, claim, mark, replaceable, sweep
-from artifacts.host import profile
-from pipeline.cache import MODEL_FILE, TUNING_FILE, key_of
-from pipeline.errors import EnvironmentProblem, RecipeError, TemperError, first_line
-from pipeline.loading import LoadedRecipe
-from pipeline.onnx_io import load_structure
-from pipeline.recipe import Recipe
-from pipeline.runner import ModelRecord, RunResult, library_versions
+from temper.artifacts.folders import MARKER, claim, mark, replaceable, sweep
+from temper.artifacts.host import profile
+from temper.pipeline.cache import MODEL_FILE, TUNING_FILE, key_of
+from temper.pipeline.errors import EnvironmentProblem, RecipeError, TemperError, first_line
+from temper.pipeline.loading import LoadedRecipe
+from temper.pipeline.onnx_io import load_structure
+from temper.pipeline.recipe import Recipe
+from temper.pipeline.runner import ModelRecord, RunResult, library_versions
 
 if TYPE_CHECKING:
-    from artifacts.bundle import ServingConfig
+    from temper.artifacts.bundle import ServingConfig
 
 MANIFEST = "manifest.json"
 COMMITTED: list[Path] = []  # output folders this process put in place: what an interruption after them leaves
@@ -153,8 +153,8 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
     selected model) or OUTPUT/CANDIDATE; an unpublished model gets the options publishing would give it.
     Raises ValueError saying what PATH is not.
     """
-    from artifacts.bundle import CONFIG, config_for
-    from validators import report_model
+    from temper.artifacts.bundle import CONFIG, config_for
+    from temper.validators import report_model
 
     output = path if (path / MANIFEST).is_file() else path.parent
     if (path / CONFIG).is_file():

@@ -8,17 +8,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from artifacts import bundle
-from artifacts.host import HostProfile
-from artifacts.registry import Published, connect, record_run, register
-from pipeline.cache import MODEL_FILE
-from pipeline.errors import EnvironmentProblem, first_line
-from pipeline.loading import LoadedRecipe
-from pipeline.onnx_io import sha256_file
-from pipeline.outputs import MANIFEST
-from pipeline.steps import candidate_precision
-from validators.report_model import FILE as REPORT_FILE
-from validators.report_model import Report
+from temper.artifacts import bundle
+from temper.artifacts.host import HostProfile
+from temper.artifacts.registry import Published, connect, record_run, register
+from temper.pipeline.cache import MODEL_FILE
+from temper.pipeline.errors import EnvironmentProblem, first_line
+from temper.pipeline.loading import LoadedRecipe
+from temper.pipeline.onnx_io import sha256_file
+from temper.pipeline.outputs import MANIFEST
+from temper.pipeline.steps import candidate_precision
+from temper.validators.report_model import FILE as REPORT_FILE
+from temper.validators.report_model import Report
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 import io
 
-from pipeline import onnx_io
-from pipeline.errors import RecipeError
-from pipeline.runner import Runner
-from pipeline.step_options import FallbackOptions, QuantizeOptions
-from pipeline.steps.quantize import (
+from temper.pipeline import onnx_io
+from temper.pipeline.errors import RecipeError
+from temper.pipeline.runner import Runner
+from temper.pipeline.step_options import FallbackOptions, QuantizeOptions
+from temper.pipeline.steps.quantize import (
     Quantize,
     calibration_feeds,
     needs_external_data,
@@ -22,7 +22,7 @@ from pipeline.steps.quantize import (
     rankable,
     sensitivity,
 )
-from pipeline.steps.quantize.fallback import first_samples
+from temper.pipeline.steps.quantize.fallback import first_samples
 
 
 def rank_candidate(runner: Runner, name: str, samples: int | None) -> list[sensitivity.NodeSensitivity]:

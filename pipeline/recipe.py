@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, PositiveInt, StringConstraints, model_validator
 
-from pipeline import presets
-from pipeline.step_options import FixShapesOptions, Fp16Options, QuantizeOptions, SimplifyOptions, Strict
+from temper.pipeline import presets
+from temper.pipeline.step_options import FixShapesOptions, Fp16Options, QuantizeOptions, SimplifyOptions, Strict
 
 Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_.:/-]*$")]
 # "path/to/file.py:function", resolved relative to the recipe's folder.

@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import onnx
 
-from artifacts.folders import claim, sweep
-from calibration.sources import Dataset, load
-from pipeline import onnx_io
-from pipeline.cache import MODEL_FILE, StepCache, key_of
-from pipeline.callables import call_user, load_callable, split_ref
-from pipeline.errors import OptionError, RecipeError, StepFailed, TemperError, first_line
-from pipeline.loading import LoadedRecipe
-from pipeline.recipe import DataSource, InputSpec, StepSpec
+from temper.artifacts.folders import claim, sweep
+from temper.calibration.sources import Dataset, load
+from temper.pipeline import onnx_io
+from temper.pipeline.cache import MODEL_FILE, StepCache, key_of
+from temper.pipeline.callables import call_user, load_callable, split_ref
+from temper.pipeline.errors import OptionError, RecipeError, StepFailed, TemperError, first_line
+from temper.pipeline.loading import LoadedRecipe
+from temper.pipeline.recipe import DataSource, InputSpec, StepSpec
 
 if TYPE_CHECKING:  # the steps import onnxsim, ORT's quantizers and (via onnxruntime.tools) torch: not at start-up
-    from pipeline.onnx_io import Batch
-    from pipeline.steps.base import Scorer, StepContext
+    from temper.pipeline.onnx_io import Batch
+    from temper.pipeline.steps.base import Scorer, StepContext
 
 SCRATCH = "temper-run-"  # the runner's scratch folders in the system temp folder: temper-run-<pid>-<random>
 LIBRARIES = ("temper-ml", "torch", "onnx", "onnxruntime", "onnxsim", "numpy")
@@ -212,7 +212,7 @@ class Runner:
     @cached_property
     def scorer(self) -> Scorer:
         """The accuracy gate for steps that aim at it; built on the baseline, so only after baseline()."""
-        from validators.scoring import GateScorer
+        from temper.validators.scoring import GateScorer
 
         spec, evaluation = self.recipe.validation, self.recipe.data.evaluation
         if spec is None or spec.accuracy is None:
@@ -235,7 +235,7 @@ class Runner:
                           "this recipe's steps need a real batch: add data.evaluation or data.calibration")
 
     def _context(self, folder: Path) -> StepContext:
-        from pipeline.steps.base import StepContext
+        from temper.pipeline.steps.base import StepContext
 
         return StepContext(self.recipe.model.inputs, lambda: self.calibration_batches, self.sample, folder,
                            lambda: self.scorer)
@@ -260,7 +260,7 @@ class Runner:
                      options=options, versions=self.versions, sample=self.sample_fingerprint)
 
         def build(dst: Path, ctx: StepContext) -> None:
-            from pipeline.steps.export import export
+            from temper.pipeline.steps.export import export
 
             fn = load_callable(spec.factory, self.loaded.base, self.loaded.file, "model.factory")
             module = call_user(fn, self.loaded.file, "model.factory")
@@ -313,7 +313,7 @@ class Runner:
                            path.stat().st_size, 0.0, False)
 
     def chain(self, name: str, start: ModelRecord, steps: list[StepSpec], keypath: str) -> list[ModelRecord]:
-        from pipeline.steps import STEPS
+        from temper.pipeline.steps import STEPS
 
         records = [start]
         for index, spec in enumerate(steps):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.recipe import Recipe, StepSpec
-from pipeline.search import DEFAULT_MAX_TRIALS, OPTION_MODELS, SEARCHABLE
+from temper.pipeline.recipe import Recipe, StepSpec
+from temper.pipeline.search import DEFAULT_MAX_TRIALS, OPTION_MODELS, SEARCHABLE
 
 
 def recipe_schema() -> dict[str, Any]:

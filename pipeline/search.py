@@ -19,9 +19,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipeline.errors import RecipeError
-from pipeline.recipe import StepSpec
-from pipeline.steps import STEPS, searchable
+from temper.pipeline.errors import RecipeError
+from temper.pipeline.recipe import StepSpec
+from temper.pipeline.steps import STEPS, searchable
 
 # Scalar options whose list value means "try each" (each step's `searchable`); list-valued options
 # (exclude_nodes) are not searched. OPTION_MODELS: their options models, for `temper schema`.

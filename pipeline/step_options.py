@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, model_validator
 
-from pipeline import presets
+from temper.pipeline import presets
 
 
 class Strict(BaseModel):

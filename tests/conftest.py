@@ -42,7 +42,7 @@ def tracking_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 @pytest.fixture
 def temper(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
     """Run the CLI entry point in-process (same code path as the console script) and capture it."""
-    from pipeline.cli import main
+    from temper.pipeline.cli import main
 
     def invoke(*args: str) -> CliResult:
         capsys.readouterr()

@@ -20,13 +20,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("artifacts", "pipeline", "calibration", "validators")
-CORE = {"pipeline.errors", "pipeline.recipe", "pipeline.step_options", "pipeline.presets", "pipeline.onnx_io",
-        "pipeline.callables"}
+CORE = {f"temper.pipeline.{name}" for name in ("errors", "recipe", "step_options", "presets", "onnx_io", "callables")}
 MAX_LINES = 400
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(REPO).with_suffix("").parts
+    """Installed name: the folder pipeline/ is the package temper.pipeline (pyproject's package-dir)."""
+    parts = ("temper", *path.relative_to(REPO).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -75,29 +75,34 @@ def imports(module: str) -> set[str]:
 GRAPH = {module: imports(module) for module in MODULES}
 
 
+def _top(module: str) -> str:
+    """The top-level folder a module lives in: temper.pipeline.flow -> pipeline."""
+    return module.split(".")[1]
+
+
 def _offenders(importers: set[str], allowed) -> dict[str, list[str]]:
     found = {m: sorted(t for t in GRAPH[m] if not allowed(t)) for m in sorted(importers)}
     return {m: names for m, names in found.items() if names}
 
 
 def test_artifacts_import_nothing_outside_themselves():
-    artifacts = {m for m in MODULES if m.split(".")[0] == "artifacts"}
-    assert _offenders(artifacts, lambda t: t.startswith("artifacts")) == {}
+    artifacts = {m for m in MODULES if _top(m) == "artifacts"}
+    assert _offenders(artifacts, lambda t: _top(t) == "artifacts") == {}
 
 
 def test_core_contracts_import_only_each_other_and_artifacts():
     assert CORE <= set(MODULES)
-    assert _offenders(CORE, lambda t: t in CORE or t.startswith("artifacts")) == {}
+    assert _offenders(CORE, lambda t: t in CORE or _top(t) == "artifacts") == {}
 
 
 def test_calibration_and_validators_import_only_the_layers_below():
     def below(target: str) -> bool:
-        return target in CORE or target.split(".")[0] in ("artifacts", "calibration")
+        return target in CORE or _top(target) in ("artifacts", "calibration")
 
-    calibration = {m for m in MODULES if m.split(".")[0] == "calibration"}
-    validators = {m for m in MODULES if m.split(".")[0] == "validators"}
-    assert _offenders(calibration, lambda t: below(t) and not t.startswith("validators")) == {}
-    assert _offenders(validators, lambda t: below(t) or t.startswith("validators")) == {}
+    calibration = {m for m in MODULES if _top(m) == "calibration"}
+    validators = {m for m in MODULES if _top(m) == "validators"}
+    assert _offenders(calibration, lambda t: below(t) and _top(t) != "validators") == {}
+    assert _offenders(validators, lambda t: below(t) or _top(t) == "validators") == {}
 
 
 def test_no_import_cycles():
@@ -142,8 +147,8 @@ def test_the_mlflow_model_declares_every_package_its_code_imports():
     import subprocess
     import sys
 
-    code = ("import sys, warnings; warnings.simplefilter('ignore'); import artifacts.pyfunc; "
-            "print(' '.join(m for m in sys.modules if m.split('.')[0] == 'artifacts'))")
+    code = ("import sys, warnings; warnings.simplefilter('ignore'); import temper.artifacts.pyfunc; "
+            "print(' '.join(m for m in sys.modules if m.startswith('temper.artifacts')))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
                             timeout=120).stdout.split()
     packages = set()
@@ -157,7 +162,7 @@ def test_the_mlflow_model_declares_every_package_its_code_imports():
                 packages |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 packages.add(node.module.split(".")[0])
-    from artifacts.pyfunc import REQUIREMENTS
+    from temper.artifacts.pyfunc import REQUIREMENTS
 
-    third_party = packages - set(sys.stdlib_module_names) - {"artifacts"}
+    third_party = packages - set(sys.stdlib_module_names) - {"temper"}
     assert third_party - set(REQUIREMENTS) == set()

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from pipeline.onnx_io import dims, fit_batch, load_structure, session
+from temper.pipeline.onnx_io import dims, fit_batch, load_structure, session
 
 
 def predict(path: Path, features: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:

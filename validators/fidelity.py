@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.recipe import ValidateSpec
-from validators.gates import Gate, at_least, at_most
-from validators.report_model import Comparison
+from temper.pipeline.recipe import ValidateSpec
+from temper.validators.gates import Gate, at_least, at_most
+from temper.validators.report_model import Comparison
 
 
 def compare(name: str, reference: np.ndarray, candidate: np.ndarray, atol: float, rtol: float) -> Comparison:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.callables import call_user, load_callable
-from pipeline.errors import RecipeError
-from pipeline.recipe import AccuracyGate, percent
+from temper.pipeline.callables import call_user, load_callable
+from temper.pipeline.errors import RecipeError
+from temper.pipeline.recipe import AccuracyGate, percent
 
 KEY = "validate.accuracy.metric"
 EMBEDDING_ADVICE = "for embeddings use metric: cosine or probe"

@@ -14,7 +14,7 @@ matplotlib.use("Agg")  # files only; never a display
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
-from validators.report_model import FILE, CandidateMeasurement, Report, Tuning, dumps
+from temper.validators.report_model import FILE, CandidateMeasurement, Report, Tuning, dumps
 
 Readable = Report | Mapping[str, Any]  # a Report, or report.json's dict (validated on the way in)
 

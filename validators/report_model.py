@@ -3,7 +3,7 @@ every reader (report.md, junit.xml, MLflow publishing, the benchmarks) reads thr
 
 validators/report.schema.json is generated from these models, never edited by hand:
 
-    python -m validators.report_model > validators/report.schema.json
+    python -m temper.validators.report_model > validators/report.schema.json
 
 (tests/unit/test_report_schema.py fails when the shipped file differs from the models.) Field order
 is the order report.json is written in. A change to what is written is a change to the contract:
@@ -19,8 +19,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import GenerateJsonSchema
 
-from artifacts.host import HostProfile
-from pipeline.recipe import Provider
+from temper.artifacts.host import HostProfile
+from temper.pipeline.recipe import Provider
 
 SCHEMA_VERSION = 2
 FILE = "report.json"

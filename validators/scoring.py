@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.sources import Dataset
-from pipeline.errors import RecipeError
-from pipeline.recipe import ValidateSpec
-from validators import metrics
-from validators.evaluate import predict
-from validators.fidelity import compare, fidelity_gates
-from validators.throughput import measure
+from temper.calibration.sources import Dataset
+from temper.pipeline.errors import RecipeError
+from temper.pipeline.recipe import ValidateSpec
+from temper.validators import metrics
+from temper.validators.evaluate import predict
+from temper.validators.fidelity import compare, fidelity_gates
+from temper.validators.throughput import measure
 
 TRIAL_SPEED_S = 0.5  # a trial's speed is for its report line; the gates measure properly later
 

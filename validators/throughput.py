@@ -18,10 +18,10 @@ import onnx
 import onnxruntime as ort
 import psutil
 
-from artifacts.host import usable_cores
-from pipeline.errors import EnvironmentProblem, OptionError
-from pipeline.onnx_io import dims, load_structure
-from pipeline.recipe import Provider
+from temper.artifacts.host import usable_cores
+from temper.pipeline.errors import EnvironmentProblem, OptionError
+from temper.pipeline.onnx_io import dims, load_structure
+from temper.pipeline.recipe import Provider
 
 # ONNX Runtime's name for each provider a recipe may name (pipeline.recipe.Provider)
 PROVIDERS: dict[Provider, str] = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",

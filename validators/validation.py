@@ -13,17 +13,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from artifacts.host import HostProfile, Load, LoadMeter, profile
-from calibration.sources import Dataset
-from pipeline import onnx_io
-from pipeline.errors import RecipeError
-from pipeline.recipe import ValidateSpec
-from validators import report_model, scoring
-from validators.evaluate import predict
-from validators.fidelity import compare, fidelity_gates
-from validators.gates import Gate, Verdict, at_most, select
-from validators.speedup import Speedup, estimate
-from validators.throughput import Measurement, batch_of, measure, session_for
+from temper.artifacts.host import HostProfile, Load, LoadMeter, profile
+from temper.calibration.sources import Dataset
+from temper.pipeline import onnx_io
+from temper.pipeline.errors import RecipeError
+from temper.pipeline.recipe import ValidateSpec
+from temper.validators import report_model, scoring
+from temper.validators.evaluate import predict
+from temper.validators.fidelity import compare, fidelity_gates
+from temper.validators.gates import Gate, Verdict, at_most, select
+from temper.validators.speedup import Speedup, estimate
+from temper.validators.throughput import Measurement, batch_of, measure, session_for
 
 
 class Searched(Protocol):

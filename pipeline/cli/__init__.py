@@ -18,9 +18,9 @@ import typer
 from rich.text import Text
 from typer._click.exceptions import NoArgsIsHelpError  # typer bundles click: `click`'s own classes never match
 
-from pipeline.cli import build, deploy, measure  # noqa: F401  (each registers its commands on `app`)
-from pipeline.cli.common import COMMAND, DEBUG, app, err, shown
-from pipeline.errors import TemperError
+from temper.pipeline.cli import build, deploy, measure  # noqa: F401  (each registers its commands on `app`)
+from temper.pipeline.cli.common import COMMAND, DEBUG, app, err, shown
+from temper.pipeline.errors import TemperError
 
 __all__ = ["app", "main"]
 
@@ -75,7 +75,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)  # returns the code of a typer.Exit raised by a command
     except _Interrupted as exc:
-        from pipeline.outputs import COMMITTED
+        from temper.pipeline.outputs import COMMITTED
 
         if COMMAND["name"] == "serve":  # how a server is stopped: it drained and shut down, a normal end
             err.print("stopped")

@@ -14,8 +14,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from pipeline import flow
-from pipeline.cli.common import (
+from temper.pipeline import flow
+from temper.pipeline.cli.common import (
     CacheOpt,
     Display,
     RecipeArg,
@@ -28,11 +28,11 @@ from pipeline.cli.common import (
     shown,
     step_cache,
 )
-from pipeline.loading import load_recipe
-from pipeline.runner import Runner, RunResult
+from temper.pipeline.loading import load_recipe
+from temper.pipeline.runner import Runner, RunResult
 
 if TYPE_CHECKING:
-    from validators.report_model import Report
+    from temper.validators.report_model import Report
 
 
 @app.command()
@@ -94,7 +94,7 @@ def validate_cmd(
 @app.command()
 def check(recipe: RecipeArg, cache_dir: CacheOpt = None, tracking_uri: TrackingOpt = None) -> None:
     """Validate the recipe and everything it refers to, without building candidates."""
-    from pipeline.check import check as run_check
+    from temper.pipeline.check import check as run_check
 
     with Runner(load_recipe(recipe), step_cache(cache_dir)) as runner:
         for line in run_check(runner, tracking_uri):
@@ -114,7 +114,7 @@ def sensitivity(
     cache_dir: CacheOpt = None,
 ) -> None:
     """Rank a candidate's quantized nodes by how much INT8 hurts them (SQNR on calibration data), without tuning."""
-    from pipeline.ranking import rank_candidate
+    from temper.pipeline.ranking import rank_candidate
 
     loaded = load_recipe(recipe)
     with progress() as shown_progress, Runner(loaded, step_cache(cache_dir), Display(shown_progress)) as runner:
@@ -139,7 +139,7 @@ def sensitivity(
 @app.command()
 def schema() -> None:
     """Print the recipe JSON Schema (for editor completion and validation)."""
-    from pipeline.schema import recipe_schema
+    from temper.pipeline.schema import recipe_schema
 
     print(json.dumps(recipe_schema(), indent=2))
 
@@ -167,7 +167,7 @@ def _print_gates(outcome: flow.Outcome) -> None:
 
 
 def _gate_table(verdict: Report) -> Table:
-    from validators.report import speedup_text
+    from temper.validators.report import speedup_text
 
     table = Table(title="gates", title_justify="left")
     metric = verdict.metric

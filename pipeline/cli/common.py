@@ -9,8 +9,8 @@ import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from pipeline.cache import StepCache, default_root
-from pipeline.runner import ModelRecord
+from temper.pipeline.cache import StepCache, default_root
+from temper.pipeline.runner import ModelRecord
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Recipes in, optimized and gated ONNX models out.")
 out = Console()

@@ -15,8 +15,8 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from pipeline.cli.common import TrackingOpt, app, err, out
-from pipeline.errors import EnvironmentProblem, RecipeError, first_line
+from temper.pipeline.cli.common import TrackingOpt, app, err, out
+from temper.pipeline.errors import EnvironmentProblem, RecipeError, first_line
 
 
 @app.command()
@@ -27,7 +27,7 @@ def promote(
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Move an alias (e.g. champion) to a registered version."""
-    from artifacts.registry import connect
+    from temper.artifacts.registry import connect
 
     client = connect(tracking_uri)
     steps = (("NAME", lambda: client.get_registered_model(name)),  # each error names the argument that is wrong
@@ -75,9 +75,9 @@ def serve(
 ) -> None:
     """Serve a bundle over the Open Inference Protocol (KServe v2 REST, and gRPC with --grpc-port): dynamic batching,
     Prometheus /metrics."""
-    from artifacts.runtime import Runtime
-    from artifacts.server import bind, body_limit
-    from artifacts.server import serve as run_server
+    from temper.artifacts.runtime import Runtime
+    from temper.artifacts.server import bind, body_limit
+    from temper.artifacts.server import serve as run_server
 
     if max_body_mb is not None and max_body_mb <= 0:
         raise RecipeError(model, "--max-body-mb", f"must be more than 0, got {max_body_mb}")
@@ -85,7 +85,7 @@ def serve(
         if grpc_port == port:
             raise RecipeError(model, "--grpc-port", f"must differ from --port {port}")
         try:
-            from artifacts.grpc_server import GrpcServer
+            from temper.artifacts.grpc_server import GrpcServer
         except ImportError as exc:
             raise EnvironmentProblem(f"--grpc-port: {first_line(exc)}") from None
     try:  # before loading or printing anything: a busy port is one line, not a traceback
@@ -128,7 +128,7 @@ def export_triton(
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Write a Triton model repository (config.pbtxt with dynamic batching and warm-up) for a published model."""
-    from artifacts.triton import export_repository
+    from temper.artifacts.triton import export_repository
 
     with _bundle(model, tracking_uri) as folder:
         try:
@@ -146,7 +146,7 @@ def _fetched(uri: str, tracking: str | None, key: str, dest: Path | None = None
              ) -> Iterator[tuple[Path, str, str, dict[str, str]]]:
     """(folder, name, version, version tags) of a registered model's serving bundle, downloaded into
     `dest`, or into a temporary folder that goes when the block ends. `key` names the argument."""
-    from artifacts.registry import NoSuchModel, StoreUnreachable, fetch
+    from temper.artifacts.registry import NoSuchModel, StoreUnreachable, fetch
 
     with tempfile.TemporaryDirectory(prefix="temper-bundle-") as tmp:
         try:
@@ -171,7 +171,7 @@ def _bundle(model: str, tracking: str | None) -> Iterator[Path]:
 @contextmanager
 def _located(model: str, tracking: str | None) -> Iterator[tuple[Path, object]]:
     """What `temper serve MODEL` serves: (model folder, its ServingConfig, or None to read runtime.json)."""
-    from pipeline.outputs import servable
+    from temper.pipeline.outputs import servable
 
     if model.startswith("models:/"):
         with _fetched(model, tracking, "MODEL") as (folder, *_):

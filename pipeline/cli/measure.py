@@ -9,9 +9,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from artifacts.host import profile
-from pipeline.cli.common import app, err, out
-from pipeline.errors import TemperError
+from temper.artifacts.host import profile
+from temper.pipeline.cli.common import app, err, out
+from temper.pipeline.errors import TemperError
 
 
 @app.command()
@@ -31,9 +31,9 @@ def bench(
     """
     import onnx
 
-    from pipeline.errors import OptionError, RecipeError, first_line
-    from pipeline.onnx_io import load_structure
-    from validators.throughput import PROVIDERS, batch_of, fits_in_memory, measure, random_inputs
+    from temper.pipeline.errors import OptionError, RecipeError, first_line
+    from temper.pipeline.onnx_io import load_structure
+    from temper.validators.throughput import PROVIDERS, batch_of, fits_in_memory, measure, random_inputs
 
     file = str(model)
     try:

@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from pipeline.recipe import Recipe, StepSpec
-from pipeline.steps.base import Step
-from pipeline.steps.fix_shapes import FixShapes
-from pipeline.steps.fp16 import Fp16
-from pipeline.steps.quantize import Quantize
-from pipeline.steps.simplify import Simplify
+from temper.pipeline.recipe import Recipe, StepSpec
+from temper.pipeline.steps.base import Step
+from temper.pipeline.steps.fix_shapes import FixShapes
+from temper.pipeline.steps.fp16 import Fp16
+from temper.pipeline.steps.quantize import Quantize
+from temper.pipeline.steps.simplify import Simplify
 
 STEPS: dict[str, Step] = {step.name: step for step in (Simplify(), FixShapes(), Fp16(), Quantize())}
 

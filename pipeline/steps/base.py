@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from pipeline.errors import OptionError, StepFailed, close_names
-from pipeline.onnx_io import Batch
-from pipeline.recipe import InputSpec
+from temper.pipeline.errors import OptionError, StepFailed, close_names
+from temper.pipeline.onnx_io import Batch
+from temper.pipeline.recipe import InputSpec
 
 if TYPE_CHECKING:
     import onnx
 
-    from validators.scoring import Score
+    from temper.validators.scoring import Score
 
 Options = TypeVar("Options", bound=BaseModel)
 

@@ -12,11 +12,11 @@ import numpy as np
 import onnx
 import torch
 
-from pipeline import onnx_io
-from pipeline.errors import OptionError, StepFailed, first_line
-from pipeline.onnx_io import Batch
-from pipeline.recipe import ModelSpec
-from validators.fidelity import compare
+from temper.pipeline import onnx_io
+from temper.pipeline.errors import OptionError, StepFailed, first_line
+from temper.pipeline.onnx_io import Batch
+from temper.pipeline.recipe import ModelSpec
+from temper.validators.fidelity import compare
 
 
 def dynamic_axes(spec: ModelSpec) -> dict[str, dict[int, str]]:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import onnx
 
-from pipeline.errors import OptionError, StepFailed, first_line
-from pipeline.onnx_io import dims, load_structure, save
-from pipeline.step_options import FixShapesOptions
-from pipeline.steps.base import Step, StepContext
+from temper.pipeline.errors import OptionError, StepFailed, first_line
+from temper.pipeline.onnx_io import dims, load_structure, save
+from temper.pipeline.step_options import FixShapesOptions
+from temper.pipeline.steps.base import Step, StepContext
 
 Shape = list[int | str | None]
 UNNAMED = "?"  # exporters' placeholder for a dim with no name: it links nothing

@@ -19,10 +19,10 @@ from onnx import TensorProto
 from onnxruntime.transformers.float16 import convert_float_to_float16
 from onnxruntime.transformers.onnx_model import OnnxModel
 
-from pipeline.errors import OptionError, StepFailed, close_names, first_line
-from pipeline.onnx_io import Batch, fit_batch, load_structure, save, session
-from pipeline.step_options import Fp16Options
-from pipeline.steps.base import Step, StepContext, require_known
+from temper.pipeline.errors import OptionError, StepFailed, close_names, first_line
+from temper.pipeline.onnx_io import Batch, fit_batch, load_structure, save, session
+from temper.pipeline.step_options import Fp16Options
+from temper.pipeline.steps.base import Step, StepContext, require_known
 
 HINT = "keep the nodes it names in FP32 with node_block_list, or their op types with op_block_list"
 CHUNK = 64  # tensors read back per run: bounds the memory of the finite check

@@ -11,10 +11,10 @@ import contextlib
 import io
 from pathlib import Path
 
-from pipeline.errors import StepFailed, first_line
-from pipeline.onnx_io import dims, fit_batch, load_structure, save, session
-from pipeline.step_options import SimplifyOptions
-from pipeline.steps.base import Step, StepContext
+from temper.pipeline.errors import StepFailed, first_line
+from temper.pipeline.onnx_io import dims, fit_batch, load_structure, save, session
+from temper.pipeline.step_options import SimplifyOptions
+from temper.pipeline.steps.base import Step, StepContext
 
 
 def _check_shapes(src: Path, ctx: StepContext) -> dict[str, list[int]] | None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 
-from artifacts import bundle
-from artifacts.runtime import Runtime
+from temper.artifacts import bundle
+from temper.artifacts.runtime import Runtime
 from tests.artifacts.servers import MODEL, Client, Served, _bundle, _tiny_model
 
 

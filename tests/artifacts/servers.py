@@ -25,9 +25,9 @@ from onnx import TensorProto, helper, numpy_helper
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from artifacts import bundle
-from artifacts.runtime import Runtime
-from artifacts.server import InferenceServer
+from temper.artifacts import bundle
+from temper.artifacts.runtime import Runtime
+from temper.artifacts.server import InferenceServer
 from tests.conftest import REPO
 
 MODEL = "tiny"
@@ -184,7 +184,7 @@ def _free_port() -> int:
 
 def _serve_process(target: str, port: int, env: dict | None = None, prelude: str = "") -> subprocess.Popen:
     """`temper serve TARGET --port PORT` in a new process; `prelude` is Python run first in it."""
-    code = prelude + "import sys; from pipeline.cli import main; sys.argv[0] = 'temper'; main()"
+    code = prelude + "import sys; from temper.pipeline.cli import main; sys.argv[0] = 'temper'; main()"
     return subprocess.Popen([sys.executable, "-c", code, "serve", target, "--port", str(port)], cwd=REPO,
                             env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

@@ -31,7 +31,7 @@ tiny = grpc_servers.tiny
 def test_temper_serve_with_grpc_port(tiny: Path, reference: ort.InferenceSession) -> None:
     """One process serves REST and gRPC from the same runtime; Ctrl-C stops both."""
     port, grpc_port = _free_port(), _free_port()
-    code = "import sys; from pipeline.cli import main; sys.argv[0] = 'temper'; main()"
+    code = "import sys; from temper.pipeline.cli import main; sys.argv[0] = 'temper'; main()"
     process = subprocess.Popen([sys.executable, "-c", code, "serve", str(tiny), "--port", str(port),
                                 "--grpc-port", str(grpc_port)], cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
@@ -59,7 +59,7 @@ def test_temper_serve_with_grpc_port(tiny: Path, reference: ort.InferenceSession
 def test_grpc_port_without_grpc_installed_is_one_line_exit_3(temper, tiny: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "grpc", None)  # `import grpc` now fails as if it were not installed
-    monkeypatch.delitem(sys.modules, "artifacts.grpc_server")
+    monkeypatch.delitem(sys.modules, "temper.artifacts.grpc_server")
     result = temper("serve", tiny, "--grpc-port", "8101")
     lines = result.stderr.strip().splitlines()
     assert result.code == 3 and len(lines) == 1, result.stderr

@@ -24,22 +24,25 @@ import pytest
 from mlflow.exceptions import MlflowException
 from onnx import TensorProto, helper, numpy_helper
 
-from artifacts.bundle import config_for, write
-from artifacts.pyfunc import as_inputs, conform, log_bundle
-from artifacts.runtime import RequestError, Runtime
+from temper.artifacts.bundle import config_for, write
+from temper.artifacts.pyfunc import as_inputs, conform, log_bundle
+from temper.artifacts.runtime import RequestError, Runtime
 from tests.conftest import REPO
 
 WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
 
 LOAD_AND_PREDICT = """
 import sys, mlflow, numpy as np, pandas as pd
+import artifacts  # the serving application's own module of that name, loaded first
 model = mlflow.pyfunc.load_model("models:/tiny/1")
-import artifacts.pyfunc
-print(artifacts.pyfunc.__file__)
+import temper.artifacts.pyfunc
+print(temper.artifacts.pyfunc.__file__)
 inputs = dict(np.load(sys.argv[1]))
 np.save(sys.argv[2], model.predict(inputs)["y"])
 frame = pd.DataFrame({name: list(value.tolist()) for name, value in inputs.items()})
 np.save(sys.argv[3], model.predict(frame)["y"])
+import artifacts
+assert artifacts.OWNER == "the serving application", artifacts.__file__
 """
 
 
@@ -88,9 +91,12 @@ def test_logged_model_loads_in_a_fresh_process_and_predicts_like_onnx(bundle: Pa
     inputs = {name: rng.standard_normal((10, 4)).astype(np.float32)
               for name in ("a", "b")}  # 10 rows > max_batch_size 4
     np.savez(tmp_path / "inputs.npz", **inputs)
+    application = tmp_path / "application"
+    application.mkdir()
+    (application / "artifacts.py").write_text('OWNER = "the serving application"\n')
     result = subprocess.run(
         [sys.executable, "-c", LOAD_AND_PREDICT, *(str(tmp_path / f) for f in ("inputs.npz", "dict.npy", "frame.npy"))],
-        env={**os.environ, "MLFLOW_TRACKING_URI": uri}, cwd=tmp_path,
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(application)}, cwd=tmp_path,
         capture_output=True, text=True, timeout=300, check=False,
     )
     assert result.returncode == 0, result.stderr

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from artifacts.engines import engine_cache
-from artifacts.host import usable_cores
+from temper.artifacts.engines import engine_cache
+from temper.artifacts.host import usable_cores
 from tests.artifacts.runtimes import WEIGHTS, linear_model, plain, pooling_model, runtime_for
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from artifacts.host import usable_cores
-from artifacts.runtime import Runtime
+from temper.artifacts.host import usable_cores
+from temper.artifacts.runtime import Runtime
 from tests.artifacts.servers import (
     MODEL,
     Client,

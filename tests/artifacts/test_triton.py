@@ -12,8 +12,8 @@ import pytest
 from google.protobuf import text_format
 from onnx import TensorProto, helper, numpy_helper
 
-from artifacts.bundle import config_for, write
-from artifacts.triton import WARMUP_DIM, export_repository
+from temper.artifacts.bundle import config_for, write
+from temper.artifacts.triton import WARMUP_DIM, export_repository
 
 model_config_pb2 = pytest.importorskip(
     "tritonclient.grpc.model_config_pb2", reason="Triton's ModelConfig schema comes with tritonclient[grpc] (dev extra)"

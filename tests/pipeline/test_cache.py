@@ -10,7 +10,7 @@ from pathlib import Path
 
 import platformdirs
 
-from pipeline.cache import StepCache, default_root, key_of
+from temper.pipeline.cache import StepCache, default_root, key_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,7 +75,7 @@ def test_lock_is_reentrant_around_put(tmp_path):
 _HAMMER = """
 import os, random, shutil, sys, time
 from pathlib import Path
-from pipeline.cache import StepCache
+from temper.pipeline.cache import StepCache
 
 def slowed(real):  # widen every window between a check and the file operation that acts on it
     def call(*args, **kwargs):

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from artifacts.bundle import config_for, write
+from temper.artifacts.bundle import config_for, write
 
 TEMPER = Path(sys.executable).with_name("temper")  # the console script installed beside this interpreter
 
@@ -249,7 +249,7 @@ def test_a_corrupt_manifest_is_bad_input_for_validate(tmp_path: Path) -> None:
 # -- 5. start-up ------------------------------------------------------------------------------------
 
 def test_the_cli_and_the_serving_runtime_do_not_import_torch() -> None:
-    code = "import pipeline.cli, artifacts.runtime, sys; assert 'torch' not in sys.modules"
+    code = "import temper.pipeline.cli, temper.artifacts.runtime, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

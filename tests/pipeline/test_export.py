@@ -7,9 +7,9 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from pipeline.errors import StepFailed
-from pipeline.recipe import ModelSpec
-from pipeline.steps.export import dynamic_axes, export
+from temper.pipeline.errors import StepFailed
+from temper.pipeline.recipe import ModelSpec
+from temper.pipeline.steps.export import dynamic_axes, export
 
 
 class Net(torch.nn.Module):

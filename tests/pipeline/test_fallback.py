@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from artifacts.host import profile
-from pipeline.steps.quantize import sensitivity
+from temper.artifacts.host import profile
+from temper.pipeline.steps.quantize import sensitivity
 from tests.conftest import RECIPES, edit_recipe
 from tests.unit.reports import read_report
 
@@ -131,7 +131,7 @@ def test_refine_measures_each_top_suspect_alone_before_accumulating(temper, gate
 
 
 def test_a_block_mostly_in_float_goes_float_whole():
-    from pipeline.steps.quantize.fallback import _whole_blocks
+    from temper.pipeline.steps.quantize.fallback import _whole_blocks
 
     assert sensitivity.block_of("/encoder/layer.3/attention/self/Softmax") == "/encoder/layer.3"
     assert sensitivity.block_of("/features/conv1/Conv") == "/features/conv1"

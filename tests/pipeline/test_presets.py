@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from artifacts.host import HostProfile, profile
-from pipeline import presets
-from pipeline.step_options import QuantizeOptions
+from temper.artifacts.host import HostProfile, profile
+from temper.pipeline import presets
+from temper.pipeline.step_options import QuantizeOptions
 
 
 def _host(cpu: str, arch: str, features: list[str], known: bool = True) -> HostProfile:

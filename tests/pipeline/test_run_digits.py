@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from pipeline.onnx_io import sha256_file
+from temper.pipeline.onnx_io import sha256_file
 from tests.conftest import edit_recipe
 
 
@@ -111,10 +111,10 @@ def test_check_validates_without_building_candidates(temper, digits, tmp_path):
 
 def test_the_flow_runs_as_a_library_without_the_cli(digits, tmp_path):
     """pipeline.flow is what `temper run` calls: a notebook or another tool gets the same folder and exit code."""
-    from pipeline import flow
-    from pipeline.cache import StepCache, default_root
-    from pipeline.errors import RecipeError
-    from pipeline.loading import load_recipe
+    from temper.pipeline import flow
+    from temper.pipeline.cache import StepCache, default_root
+    from temper.pipeline.errors import RecipeError
+    from temper.pipeline.loading import load_recipe
 
     loaded = load_recipe(digits)
     outcome = flow.run(loaded, tmp_path / "lib", StepCache(default_root()), require=["fp16"])

@@ -10,7 +10,7 @@ import jsonschema
 import onnx
 from onnx import TensorProto
 
-from pipeline.step_options import QuantizeOptions
+from temper.pipeline.step_options import QuantizeOptions
 from tests.conftest import REPO, edit_recipe
 from tests.unit.reports import read_report
 

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pipeline.step_options import QuantizeOptions
-from pipeline.steps.quantize import fallback
-from pipeline.steps.quantize.sensitivity import NodeSensitivity
-from validators.scoring import Score
+from temper.pipeline.step_options import QuantizeOptions
+from temper.pipeline.steps.quantize import fallback
+from temper.pipeline.steps.quantize.sensitivity import NodeSensitivity
+from temper.validators.scoring import Score
 
 ALLOWED_DROP = 0.01
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.flow import Outcome, required_missed
-from pipeline.runner import CandidateOutcome, RunResult
+from temper.pipeline.flow import Outcome, required_missed
+from temper.pipeline.runner import CandidateOutcome, RunResult
+from temper.validators.report_model import Report
 from tests.unit.reports import sample_report
-from validators.report_model import Report
 
 
 def _result(*errors: str | None) -> RunResult:

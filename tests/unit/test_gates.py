@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from validators.gates import Gate, Verdict, at_least, at_most, select
+from temper.validators.gates import Gate, Verdict, at_least, at_most, select
 
 
 def _candidate(name: str, passed: bool = True, speed: float | None = None, size: int | None = None) -> Verdict:

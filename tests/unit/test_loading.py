@@ -9,8 +9,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from pipeline.loading import describe
-from pipeline.recipe import Recipe
+from temper.pipeline.loading import describe
+from temper.pipeline.recipe import Recipe
 
 DIGITS = Path(__file__).resolve().parents[2] / "recipes" / "digits-cnn.yaml"
 

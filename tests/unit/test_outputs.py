@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.folders import MARKER, is_marked, mark
-from pipeline import outputs
-from pipeline.errors import RecipeError
-from pipeline.loading import LoadedRecipe, load_recipe
-from pipeline.outputs import MANIFEST, OutputFolder
-from pipeline.runner import CandidateOutcome, ModelRecord, RunResult
+from temper.artifacts.folders import MARKER, is_marked, mark
+from temper.pipeline import outputs
+from temper.pipeline.errors import RecipeError
+from temper.pipeline.loading import LoadedRecipe, load_recipe
+from temper.pipeline.outputs import MANIFEST, OutputFolder
+from temper.pipeline.runner import CandidateOutcome, ModelRecord, RunResult
 
 DIGITS = Path(__file__).resolve().parents[2] / "recipes" / "digits-cnn.yaml"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jsonschema
 
-from pipeline.publishing import flatten, metrics_of
+from temper.pipeline.publishing import flatten, metrics_of
 from tests.unit.reports import SCHEMA, sample_report
 
 

@@ -8,8 +8,8 @@ import json
 import jsonschema
 import pytest
 
+from temper.validators.report import junit, markdown, speedup_text
 from tests.unit.reports import INCONCLUSIVE, REASON, SCHEMA, gate, sample_report
-from validators.report import junit, markdown, speedup_text
 
 
 def test_baseline_selection_states_its_reason():

@@ -10,13 +10,14 @@ import jsonschema
 import pytest
 from pydantic import ValidationError
 
+from temper.validators.report_model import Report, dumps, report_schema, schema_text
 from tests.unit.reports import SCHEMA, SCHEMA_FILE, sample_report
-from validators.report_model import Report, dumps, report_schema, schema_text
 
 
 def test_the_shipped_schema_is_the_generated_one():
     assert SCHEMA_FILE.read_text() == schema_text(), (
-        "validators/report.schema.json is stale: python -m validators.report_model > validators/report.schema.json")
+        "validators/report.schema.json is stale: "
+        "python -m temper.validators.report_model > validators/report.schema.json")
 
 
 def test_the_schema_is_a_valid_draft_2020_12_schema():

@@ -9,9 +9,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline import onnx_io
-from pipeline.errors import OptionError
-from validators.evaluate import predict
+from temper.pipeline import onnx_io
+from temper.pipeline.errors import OptionError
+from temper.validators.evaluate import predict
 
 WEIGHTS = np.random.default_rng(0).standard_normal((3, 2)).astype(np.float32)
 ROWS = np.random.default_rng(1).standard_normal((70, 3)).astype(np.float32)

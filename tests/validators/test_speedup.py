@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from validators.speedup import estimate
+from temper.validators.speedup import estimate
 
 
 def test_the_estimate_is_the_geometric_mean_of_the_paired_ratios():

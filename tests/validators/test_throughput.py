@@ -13,9 +13,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.errors import EnvironmentProblem
-from pipeline.onnx_io import load_structure
-from validators.throughput import batch_of, measure, session_for
+from temper.pipeline.errors import EnvironmentProblem
+from temper.pipeline.onnx_io import load_structure
+from temper.validators.throughput import batch_of, measure, session_for
 
 WIDTH = 64
 

@@ -9,6 +9,6 @@
 
 from __future__ import annotations
 
-from pipeline.steps.quantize.quantize import Quantize, calibration_feeds, needs_external_data, rankable
+from temper.pipeline.steps.quantize.quantize import Quantize, calibration_feeds, needs_external_data, rankable
 
 __all__ = ["Quantize", "calibration_feeds", "needs_external_data", "rankable"]

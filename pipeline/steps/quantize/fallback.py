@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipeline.cache import TUNING_FILE
-from pipeline.onnx_io import Batch
-from pipeline.step_options import FallbackOptions, QuantizeOptions
-from pipeline.steps.base import Scorer
-from pipeline.steps.quantize import quantize_static, sensitivity
+from temper.pipeline.cache import TUNING_FILE
+from temper.pipeline.onnx_io import Batch
+from temper.pipeline.step_options import FallbackOptions, QuantizeOptions
+from temper.pipeline.steps.base import Scorer
+from temper.pipeline.steps.quantize import quantize_static, sensitivity
 
 
 @dataclass(frozen=True)

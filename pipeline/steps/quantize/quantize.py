@@ -15,12 +15,12 @@ from typing import ClassVar
 import numpy as np
 import onnx
 
-from pipeline import onnx_io
-from pipeline.errors import OptionError, StepFailed, TemperError, first_line
-from pipeline.onnx_io import Batch
-from pipeline.step_options import QuantizeOptions
-from pipeline.steps.base import Step, StepContext, require_known
-from pipeline.steps.quantize import fallback, quantize_dynamic, quantize_modelopt, quantize_static
+from temper.pipeline import onnx_io
+from temper.pipeline.errors import OptionError, StepFailed, TemperError, first_line
+from temper.pipeline.onnx_io import Batch
+from temper.pipeline.step_options import QuantizeOptions
+from temper.pipeline.steps.base import Step, StepContext, require_known
+from temper.pipeline.steps.quantize import fallback, quantize_dynamic, quantize_modelopt, quantize_static
 
 
 class Quantize(Step[QuantizeOptions]):

@@ -8,7 +8,7 @@ import onnx
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.quantization.registry import IntegerOpsRegistry
 
-from pipeline.step_options import QuantizeOptions
+from temper.pipeline.step_options import QuantizeOptions
 
 
 def quantize(

@@ -14,10 +14,10 @@ from types import ModuleType
 import numpy as np
 import onnx
 
-from pipeline import onnx_io
-from pipeline.errors import EnvironmentProblem, OptionError
-from pipeline.onnx_io import Batch
-from pipeline.step_options import QuantizeOptions
+from temper.pipeline import onnx_io
+from temper.pipeline.errors import EnvironmentProblem, OptionError
+from temper.pipeline.onnx_io import Batch
+from temper.pipeline.step_options import QuantizeOptions
 
 METHODS = {"minmax": "max", "entropy": "entropy"}
 

@@ -28,10 +28,10 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from pipeline import onnx_io
-from pipeline.errors import OptionError, StepFailed, first_line
-from pipeline.onnx_io import Batch
-from pipeline.step_options import QuantizeOptions
+from temper.pipeline import onnx_io
+from temper.pipeline.errors import OptionError, StepFailed, first_line
+from temper.pipeline.onnx_io import Batch
+from temper.pipeline.step_options import QuantizeOptions
 
 METHODS = {
     "minmax": CalibrationMethod.MinMax,

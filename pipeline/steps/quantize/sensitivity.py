@@ -20,9 +20,9 @@ import numpy as np
 import onnx
 from onnxruntime.quantization import qdq_loss_debug as debug
 
-from pipeline.onnx_io import Batch
-from pipeline.step_options import QuantizeOptions
-from pipeline.steps.quantize import quantize_static
+from temper.pipeline.onnx_io import Batch
+from temper.pipeline.step_options import QuantizeOptions
+from temper.pipeline.steps.quantize import quantize_static
 
 # PyTorch names repeated modules `layer.3`, `blocks.2`: the block is the path up to that index.
 _BLOCK = re.compile(r"^(.*?/[A-Za-z_]+\.\d+)/")

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.onnx_io import Batch
-from pipeline.steps.base import StepContext
+from temper.pipeline.onnx_io import Batch
+from temper.pipeline.steps.base import StepContext
 
 
 class TinyCnn(nn.Module):

@@ -9,12 +9,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline import onnx_io
-from pipeline.onnx_io import Batch
-from pipeline.recipe import InputSpec
-from pipeline.step_options import QuantizeOptions
-from pipeline.steps.base import StepContext
-from pipeline.steps.quantize import Quantize
+from temper.pipeline import onnx_io
+from temper.pipeline.onnx_io import Batch
+from temper.pipeline.recipe import InputSpec
+from temper.pipeline.step_options import QuantizeOptions
+from temper.pipeline.steps.base import StepContext
+from temper.pipeline.steps.quantize import Quantize
 
 STEP = Quantize()
 FLOAT_OPS = {"Conv", "MatMul", "Gemm"}

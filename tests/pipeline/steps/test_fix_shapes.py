@@ -9,10 +9,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline import onnx_io
-from pipeline.errors import OptionError, StepFailed
-from pipeline.step_options import FixShapesOptions
-from pipeline.steps.fix_shapes import FixShapes
+from temper.pipeline import onnx_io
+from temper.pipeline.errors import OptionError, StepFailed
+from temper.pipeline.step_options import FixShapesOptions
+from temper.pipeline.steps.fix_shapes import FixShapes
 
 STEP = FixShapes()
 

@@ -9,10 +9,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline import onnx_io
-from pipeline.errors import OptionError, StepFailed
-from pipeline.step_options import Fp16Options
-from pipeline.steps.fp16 import Fp16
+from temper.pipeline import onnx_io
+from temper.pipeline.errors import OptionError, StepFailed
+from temper.pipeline.step_options import Fp16Options
+from temper.pipeline.steps.fp16 import Fp16
 
 STEP = Fp16()
 

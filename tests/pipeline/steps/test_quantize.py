@@ -10,11 +10,11 @@ import pytest
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
 
-from pipeline import onnx_io
-from pipeline.errors import OptionError, RecipeError, StepFailed
-from pipeline.onnx_io import Batch
-from pipeline.step_options import QuantizeOptions
-from pipeline.steps.base import StepContext
+from temper.pipeline import onnx_io
+from temper.pipeline.errors import OptionError, RecipeError, StepFailed
+from temper.pipeline.onnx_io import Batch
+from temper.pipeline.step_options import QuantizeOptions
+from temper.pipeline.steps.base import StepContext
 from tests.pipeline.steps.quantize_models import (
     FLOAT_OPS,
     STEP,

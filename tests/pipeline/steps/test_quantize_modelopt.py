@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import EnvironmentProblem
-from pipeline.steps.quantize import quantize_modelopt
+from temper.pipeline.errors import EnvironmentProblem
+from temper.pipeline.steps.quantize import quantize_modelopt
 from tests.pipeline.steps.quantize_models import (
     activation_scales,
     conv_net,

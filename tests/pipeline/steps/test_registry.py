@@ -12,11 +12,18 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from pipeline import search, step_options
-from pipeline.recipe import Recipe, StepSpec
-from pipeline.schema import recipe_schema
-from pipeline.steps import STEPS, candidate_precision, precision_of, searchable, uses_calibration, uses_evaluation
-from pipeline.steps.base import Step
+from temper.pipeline import search, step_options
+from temper.pipeline.recipe import Recipe, StepSpec
+from temper.pipeline.schema import recipe_schema
+from temper.pipeline.steps import (
+    STEPS,
+    candidate_precision,
+    precision_of,
+    searchable,
+    uses_calibration,
+    uses_evaluation,
+)
+from temper.pipeline.steps.base import Step
 
 REPO = Path(__file__).resolve().parents[3]
 DIGITS = {"version": 1, "name": "r", "model": {"onnx": "m.onnx", "inputs": [{"name": "x", "shape": [1, 4]}],
@@ -91,7 +98,7 @@ def test_calibration_is_what_static_quantize_needs():
 
 
 def test_the_loader_reads_the_registry_without_importing_torch():
-    code = ("import sys, pipeline.loading, pipeline.steps; "
+    code = ("import sys, temper.pipeline.loading, temper.pipeline.steps; "
             "heavy = sorted({'torch', 'onnxsim'} & set(sys.modules)); assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=REPO)
 
@@ -119,15 +126,14 @@ def _all_imports(path: Path) -> set[str]:
 
 
 def test_core_contracts_import_no_step_and_validators_only_core_contracts():
-    core = {"pipeline.recipe", "pipeline.step_options", "pipeline.presets", "pipeline.errors"}
+    core = {"pipeline/recipe.py", "pipeline/step_options.py", "pipeline/presets.py", "pipeline/errors.py"}
     for module in core:
-        imported = _all_imports(REPO / (module.replace(".", "/") + ".py"))
-        assert not {m for m in imported
-                    if m.startswith(("pipeline.steps", "pipeline.loading", "pipeline.search"))}, module
-        assert not {m for m in _module_imports(REPO / (module.replace(".", "/") + ".py"))
-                    if m.startswith("pipeline.steps")}, module
+        imported = _all_imports(REPO / module)
+        assert not {m for m in imported if m.startswith(
+            ("temper.pipeline.steps", "temper.pipeline.loading", "temper.pipeline.search"))}, module
+        assert not {m for m in _module_imports(REPO / module) if m.startswith("temper.pipeline.steps")}, module
     scoring = _module_imports(REPO / "validators" / "scoring.py")
-    assert not {m for m in scoring if m.startswith("pipeline.steps")}
+    assert not {m for m in scoring if m.startswith("temper.pipeline.steps")}
 
 
 def test_search_and_loading_import_each_other_in_one_direction_only():
@@ -135,4 +141,4 @@ def test_search_and_loading_import_each_other_in_one_direction_only():
     for node in ast.walk(ast.parse((REPO / "pipeline" / "search.py").read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             everywhere.add(node.module)
-    assert "pipeline.loading" not in everywhere
+    assert "temper.pipeline.loading" not in everywhere

@@ -9,10 +9,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline import onnx_io
-from pipeline.errors import StepFailed
-from pipeline.step_options import SimplifyOptions
-from pipeline.steps.simplify import Simplify
+from temper.pipeline import onnx_io
+from temper.pipeline.errors import StepFailed
+from temper.pipeline.step_options import SimplifyOptions
+from temper.pipeline.steps.simplify import Simplify
 
 STEP = Simplify()
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
+from typing import TypeAlias
 
 import numpy as np
 
@@ -44,7 +45,7 @@ from temper.artifacts.runtime import Runtime
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-Context = grpc.ServicerContext
+Context: TypeAlias = grpc.ServicerContext
 # KServe datatype -> the InferTensorContents field that carries it typed; FP16 only comes raw, as in Triton.
 CONTENTS = {"FP32": "fp32_contents", "INT64": "int64_contents", "INT32": "int_contents", "INT8": "int_contents",
             "UINT8": "uint_contents", "BOOL": "bool_contents"}

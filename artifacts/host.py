@@ -116,8 +116,8 @@ def usable_cores() -> int:
 def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     """CPUs' worth of time the cgroup may use (v2 cpu.max, else v1 cfs quota/period); None: unlimited."""
     with contextlib.suppress(OSError, ValueError):
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
+        limit, span = (root / "cpu.max").read_text().split()[:2]
+        return None if limit == "max" else int(limit) / int(span)
     with contextlib.suppress(OSError, ValueError):
         quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
         period = int((root / "cpu" / "cpu.cfs_period_us").read_text())

@@ -80,7 +80,7 @@ class RestCodec:
                 raise RequestError("each input must be an object with name, shape, datatype and data")
             name = item.get("name")
             spec = self.inputs.get(name) if isinstance(name, str) else None
-            if spec is None:
+            if spec is None or not isinstance(name, str):
                 raise RequestError(f"unknown input {name!r}; the model takes {', '.join(self.inputs)}")
             if name in inputs:
                 raise RequestError(f"input '{name}' is given twice")

@@ -76,6 +76,7 @@ def _read(source: DataSource, base: Path, recipe_file: str, key: str, input_name
         fn = load_callable(source.callable, base, recipe_file, f"{key}.callable")
         result = call_user(fn, recipe_file, f"{key}.callable")
         return _columns_of(result, recipe_file, f"{key}.callable")
+    assert source.path is not None  # DataSource holds a callable or a path
     path = (base / source.path).resolve()
     if not path.exists():
         raise RecipeError(recipe_file, f"{key}.path", f"'{path}' not found (paths are relative to the recipe's folder)")

@@ -34,7 +34,8 @@ def rank_candidate(runner: Runner, name: str, samples: int | None) -> list[sensi
                 else f"candidates: {', '.join(recipe.candidates)}")
         raise RecipeError(file, "--candidate", f"no candidate named '{name}'; {hint}")
     steps = recipe.candidates[name].steps
-    index = next((i for i, s in enumerate(steps) if s.name == Quantize.name and rankable(s.options)), None)
+    index = next((i for i, s in enumerate(steps)
+                  if s.name == Quantize.name and isinstance(s.options, QuantizeOptions) and rankable(s.options)), None)
     if index is None:
         raise RecipeError(file, f"candidates.{name}.steps", "has no static quantize step (mode: static, backend: ort): "
                                                            "the ranking measures what static INT8 does to each node")

@@ -56,6 +56,14 @@ def test_a_factory_imports_the_users_own_pipeline_package(digits_dir: Path, tmp_
     assert "ok" in done.stdout
 
 
+def test_pypi_validators_and_temper_import_side_by_side_here(tmp_path: Path) -> None:
+    """The dev environment has both installed (pyproject's dev extra): one process imports each by its name."""
+    code = ("import validators, temper.validators.gates as g; assert validators.email('a@example.com'); "
+            "assert g.__name__ == 'temper.validators.gates'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """temper-ml's wheel, built from this checkout, and PyPI's validators wheel."""

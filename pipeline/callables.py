@@ -31,12 +31,8 @@ def load_callable(ref: str, base: Path, recipe_file: str, key: str) -> Callable[
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
-        sys.path.insert(0, str(path.parent))
-        try:
-            with _boundary(recipe_file, key, f"importing {path.name}", path):
-                spec.loader.exec_module(module)
-        finally:
-            sys.path.remove(str(path.parent))
+        with _boundary(recipe_file, key, f"importing {path.name}", path):
+            spec.loader.exec_module(module)
         sys.modules[name] = module
     target = getattr(module, function, None)
     if not callable(target):
@@ -55,6 +51,23 @@ def call_user(fn: Callable[..., Any], recipe_file: str, key: str, *args: Any) ->
 
 
 @contextlib.contextmanager
+def _folder_on_path(path: Path | None) -> Iterator[None]:
+    """The user file's folder first on sys.path for as long as its code runs, and only then: a factory
+    that imports a sibling module inside the function (heavy dependencies often are) finds it, and
+    temper's own imports never see the user's folder."""
+    folder = str(path.parent) if path else None
+    if folder is None:
+        yield
+        return
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):  # user code may have removed it itself
+            sys.path.remove(folder)
+
+
+@contextlib.contextmanager
 def _boundary(recipe_file: str, key: str, what: str, path: Path | None) -> Iterator[None]:
     """Run user code as a library call, not a program: sys.argv is only its own file's name (an
     argparse at import sees no temper options), and nothing it raises may end temper silently,
@@ -63,7 +76,7 @@ def _boundary(recipe_file: str, key: str, what: str, path: Path | None) -> Itera
     sys.argv = [str(path) if path else "user-code"]
     said = io.StringIO()  # what it writes to stderr: an argparse usage text is not temper's to print
     try:
-        with contextlib.redirect_stderr(said):
+        with contextlib.redirect_stderr(said), _folder_on_path(path):
             yield
     except SystemExit as exc:
         last = [line for line in said.getvalue().splitlines() if line.strip()][-1:]

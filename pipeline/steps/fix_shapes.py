@@ -26,6 +26,14 @@ def _show(shape: Shape) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
+def _per_axis_example(shapes: dict[str, Shape]) -> str:
+    """`inputs: {NAME: [...]}` for this model's first input with a '?' dim (else its first input): its
+    real name and rank, fixed dims as they are, every other one a placeholder to fill in."""
+    name = next((n for n, shape in shapes.items() if UNNAMED in shape or None in shape), next(iter(shapes), "x"))
+    axes = ", ".join(str(d) if isinstance(d, int) else "N" for d in shapes.get(name, []))
+    return f"inputs: {{{name}: [{axes}]}} with each N the size you serve"
+
+
 def _symbolic(shapes: dict[str, Shape]) -> list[str]:
     return sorted({d for shape in shapes.values() for d in shape if isinstance(d, str)})
 
@@ -56,7 +64,7 @@ class FixShapes(Step[FixShapesOptions]):
         for dim in options.dims:
             if dim == UNNAMED:
                 raise OptionError(f"dims.{dim}", "'?' is the placeholder for dims without a name, not a name: set "
-                                                 "them per axis with inputs, e.g. inputs: {x: [1, 3, 48, 192]}")
+                                                 f"them per axis with inputs, e.g. {_per_axis_example(shapes)}")
             if dim not in symbolic:
                 inputs = ", ".join(f"{name} {_show(shape)}" for name, shape in shapes.items())
                 have = ", ".join(symbolic) if symbolic else f"none (inputs: {inputs})"

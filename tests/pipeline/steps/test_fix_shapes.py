@@ -114,3 +114,14 @@ def test_size_the_graph_cannot_take_fails_the_step(tmp_path: Path, make_context)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(src))
     with pytest.raises(StepFailed, match=r"^fix_shapes: the model contradicts the fixed shapes: .*proj"):
         STEP.run(src, tmp_path / "fixed.onnx", FixShapesOptions(dims={"width": 5}), make_context({}))
+
+
+def test_the_placeholder_error_shows_this_models_input_name_and_rank() -> None:
+    """The example in the '?' error is the model's own input, not one hard-coded for an OCR model."""
+    image = helper.make_tensor_value_info("image", TensorProto.FLOAT, ["?", 3, "?", "?", 2])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, None)
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["image"], ["out"])], "g", [image], [out]))
+    with pytest.raises(OptionError) as info:
+        STEP.validate(model, FixShapesOptions(dims={"?": 48}))
+    assert info.value.key == "dims.?"
+    assert "inputs: {image: [N, 3, N, N, 2]}" in info.value.message

@@ -27,9 +27,10 @@ def log(*parts: object) -> None:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The environment for the processes serving.py starts: this checkout first on PYTHONPATH, so that
-    `temper run`, `temper serve` and the helper roles run the code beside the script, not whatever the
-    venv's (editable) install points at."""
+    """The environment for the processes serving.py starts: this checkout first on PYTHONPATH, so the
+    helper roles import `benchmarks.*` from beside the script. temper itself (`temper.*`) comes from the
+    install, as in the parent (an inherited PYTHONPATH included): run the script from the environment
+    whose editable install is this checkout."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     return {**os.environ, "PYTHONPATH": path, **extra}
 

@@ -52,11 +52,11 @@ class StepFailed(TemperError):
 
     @property
     def kind(self) -> str:
-        """"error" when code raised while building (the cause, kept by `raise ... from`, is a library's or
-        temper's exception: a missing file, a crash), "rejected" when the step's own check refused the
-        model it built (NaN/Inf, a mismatch): a verdict on the candidate, like a gate's."""
+        """"error" when code raised while building (the cause, kept by `raise ... from`, is an exception of
+        a library, of temper or of the environment: a missing file, a crash), "rejected" when the step's
+        own check refused the model it built (NaN/Inf, a mismatch): a verdict on the candidate, like a gate's."""
         cause = self.__cause__
-        return "error" if cause is not None and not isinstance(cause, TemperError) else "rejected"
+        return "rejected" if cause is None or isinstance(cause, StepFailed) else "error"
 
 
 class EnvironmentProblem(TemperError):

@@ -42,7 +42,7 @@ def test_a_gated_run_exits_1_on_a_build_error_but_not_on_a_rejected_build():
 
 
 def test_step_failed_kind_tells_a_raised_build_from_a_rejected_one():
-    from temper.pipeline.errors import RecipeError, StepFailed
+    from temper.pipeline.errors import EnvironmentProblem, StepFailed
 
     def raised(cause: BaseException | None) -> StepFailed:
         try:
@@ -54,4 +54,5 @@ def test_step_failed_kind_tells_a_raised_build_from_a_rejected_one():
 
     assert raised(FileNotFoundError("model.onnx")).kind == "error"
     assert raised(None).kind == "rejected"
-    assert raised(RecipeError("r.yaml", "k", "bad")).kind == "rejected"  # temper's own verdict, chained
+    assert raised(EnvironmentProblem("no GPU")).kind == "error"
+    assert raised(StepFailed("export: outputs differ")).kind == "rejected"  # a step's verdict, passed on

@@ -185,7 +185,7 @@ def _print_gates(outcome: flow.Outcome) -> None:
                       soft_wrap=True)
     out.print(Text.assemble(("selected: ", "green"), verdict.selected))
     if verdict.selection_reason:
-        out.print(verdict.selection_reason, soft_wrap=True)
+        out.print(Text(verdict.selection_reason), soft_wrap=True)  # plain text: gate names hold [brackets]
     for name in outcome.missed:
         err.print(Text.assemble(("gates failed: ", "red"), f"required candidate {name} did not pass"))
 

@@ -97,7 +97,7 @@ def not_built(result: RunResult) -> dict[str, NotBuilt]:
 
 
 def revalidate(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[str] | None = None,
-               observer: Observer | None = None) -> Outcome:
+               observer: Observer | None = None, allow_build_errors: bool = False) -> Outcome:
     """Validate an existing output folder again (new budgets, another host) and rewrite its reports."""
     from temper.pipeline.gating import from_folder
     from temper.pipeline.slice_check import check_slices
@@ -113,12 +113,12 @@ def revalidate(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require:
         verdict = build_report(validate(subject, runner.observer.note))
     verdict = verdict.model_copy(update={"not_built": _still_not_built(verdict, output)})
     report.write(verdict, output)
-    return Outcome(output, verdict, None, required_missed(verdict, require))
+    errors = [] if allow_build_errors else [n for n, f in verdict.not_built.items() if f.kind == "error"]
+    return Outcome(output, verdict, None, required_missed(verdict, require), errors)
 
 
 def _still_not_built(verdict: Report, output: Path) -> dict[str, NotBuilt]:
-    """The folder's failed builds as its run classified them (its report.json); one it did not is an error.
-    `temper validate` re-gates: the run that built the folder already exited 1 for a build error."""
+    """The folder's failed builds as its run classified them (its report.json); one it did not is an error."""
     from temper.validators import report_model
 
     try:

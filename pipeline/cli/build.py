@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from temper.validators.report_model import Report
 
 
+AllowBuildErrorsOpt = Annotated[bool, typer.Option(
+    "--allow-build-errors", help="exit 0 even when a candidate's build raised an error "
+                                 "(it is still named in the summary and report.json)")]
+
+
 @app.command()
 def run(
     recipe: RecipeArg,
@@ -46,9 +51,7 @@ def run(
         "--no-cache", help="rebuild every step (results still refresh the cache)")] = False,
     require: RequireOpt = None,
     tracking_uri: TrackingOpt = None,
-    allow_build_errors: Annotated[bool, typer.Option(
-        "--allow-build-errors", help="exit 0 even when a candidate's build raised an error "
-                                     "(it is still named in the summary and report.json)")] = False,
+    allow_build_errors: AllowBuildErrorsOpt = False,
 ) -> None:
     """Build the baseline and every candidate, validate them against the recipe's gates, write the output
     folder, and publish the selected candidate when the recipe has a publish section and the gates hold."""
@@ -85,12 +88,21 @@ def validate_cmd(
         help="folder an earlier `temper run` wrote (default: out/<recipe name>)")] = None,
     cache_dir: CacheOpt = None,
     require: RequireOpt = None,
+    allow_build_errors: AllowBuildErrorsOpt = False,
 ) -> None:
     """Re-run validation on an existing output folder (e.g. with new budgets) without rebuilding anything."""
     loaded = load_recipe(recipe)
     with progress() as shown_progress:
         outcome = flow.revalidate(loaded, (output or Path("out") / loaded.recipe.name).resolve(), step_cache(cache_dir),
-                                  require=require, observer=Display(shown_progress))
+                                  require=require, observer=Display(shown_progress),
+                                  allow_build_errors=allow_build_errors)
+    for name, failure in outcome.report.not_built.items() if outcome.report else ():
+        if failure.kind == "error":
+            counted = name in outcome.build_errors
+            tail = "exit 1; --allow-build-errors accepts it" if counted else "accepted by --allow-build-errors"
+            err.print(Text.assemble(("error: ", "red") if counted else ("warning: ", "yellow"),
+                                    f"candidate {name} did not build: {failure.reason} (a build error: {tail})"),
+                      soft_wrap=True)
     _print_gates(outcome)
     raise typer.Exit(outcome.exit_code)
 

@@ -102,6 +102,11 @@ def test_a_build_error_is_named_everywhere_and_fails_the_gated_run(temper, tmp_p
     suite = ET.parse(out / "junit.xml").getroot()
     assert suite.get("errors") == "1" and suite.find(".//testcase[@classname='tiny.broken']/error") is not None
 
+    again = temper("validate", recipe, "--output", out)  # re-gating the folder keeps the error in sight
+    assert again.code == 1, again.stderr
+    assert "error: candidate broken did not build: quantize: " in again.stderr
+    assert read_report(out)["not_built"]["broken"]["kind"] == "error"
+
     allowed = temper("run", recipe, "--output", tmp_path / "allowed", "--allow-build-errors")
     assert allowed.code == 0, allowed.stderr
     (line,) = [x for x in allowed.stderr.splitlines() if "candidate broken" in x]

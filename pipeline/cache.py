@@ -19,8 +19,10 @@ META_FILE = "meta.json"
 
 
 def default_root() -> Path:
-    """$TEMPER_CACHE_DIR, else the platform's user cache folder (honours $XDG_CACHE_HOME on Linux)."""
-    return Path(os.environ.get("TEMPER_CACHE_DIR") or platformdirs.user_cache_path("temper", appauthor=False))
+    """$TEMPER_CACHE_DIR, else the platform's user cache folder (honours $XDG_CACHE_HOME on Linux), made
+    absolute now: `TEMPER_CACHE_DIR=relcache` in a CI workspace must not depend on a later working folder."""
+    chosen = os.environ.get("TEMPER_CACHE_DIR") or platformdirs.user_cache_path("temper", appauthor=False)
+    return Path(chosen).expanduser().resolve()
 
 
 def key_of(**parts: Any) -> str:
@@ -37,7 +39,8 @@ class StepCache:
     """
 
     def __init__(self, root: Path, enabled: bool = True) -> None:
-        self.root, self.enabled = root, enabled
+        # Absolute from the start: steps hand these paths to libraries run in other working folders.
+        self.root, self.enabled = Path(root).expanduser().resolve(), enabled
 
     def _folder(self, key: str) -> Path:
         return self.root / key[:2] / key

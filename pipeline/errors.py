@@ -50,6 +50,14 @@ class StepFailed(TemperError):
 
     exit_code = 1
 
+    @property
+    def kind(self) -> str:
+        """"error" when code raised while building (the cause, kept by `raise ... from`, is an exception of
+        a library, of temper or of the environment: a missing file, a crash), "rejected" when the step's
+        own check refused the model it built (NaN/Inf, a mismatch): a verdict on the candidate, like a gate's."""
+        cause = self.__cause__
+        return "rejected" if cause is None or isinstance(cause, StepFailed) else "error"
+
 
 class EnvironmentProblem(TemperError):
     """The machine lacks something the recipe needs (a provider, a library, a GPU)."""

@@ -17,7 +17,7 @@ from temper.pipeline.runner import Observer, Runner, RunResult
 
 if TYPE_CHECKING:
     from temper.artifacts.registry import Published
-    from temper.validators.report_model import Report
+    from temper.validators.report_model import NotBuilt, Report
 
 
 @dataclass
@@ -29,12 +29,16 @@ class Outcome:
     report: Report | None
     result: RunResult | None = None
     missed: list[str] = field(default_factory=list)  # --require'd candidates that did not pass
+    build_errors: list[str] = field(default_factory=list)  # candidates whose build raised, when that counts
 
     @property
     def exit_code(self) -> int:
-        """0 unless a required candidate did not pass; without gates, unless a candidate failed to build."""
+        """0 unless a required candidate did not pass or a candidate's build raised an error (temper's,
+        a library's or the environment's fault, never a verdict on the model: CI must notice it); without
+        gates, unless any candidate failed to build. A build a step rejected (NaN/Inf, a mismatch) is a
+        failed gate like any other: the baseline or another candidate is selected, exit 0."""
         if self.report is not None or self.result is None:
-            return 1 if self.missed else 0
+            return 1 if self.missed or self.build_errors else 0
         built = {c.name for c in self.result.candidates if not c.error}
         return 0 if built and not self.missed and len(built) == len(self.result.candidates) else 1
 
@@ -48,40 +52,55 @@ def check_required(loaded: LoadedRecipe, names: list[str] | None) -> None:
 
 
 def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[str] | None = None,
-        tracking: str | None = None, observer: Observer | None = None) -> Outcome:
+        tracking: str | None = None, observer: Observer | None = None, allow_build_errors: bool = False) -> Outcome:
     """Build the baseline and every candidate, validate them and commit the output folder atomically.
 
-    Everything that needs no candidate (data, providers, metric fit, memory, the MLflow store when the
-    recipe publishes) is checked first, so a bad recipe fails in seconds, not after the builds.
+    Everything that needs no candidate (data, providers, metric fit, memory, fidelity slices, the MLflow
+    store when the recipe publishes) is checked first, so a bad recipe fails in seconds, not after the
+    builds. `allow_build_errors`: a candidate whose build raised does not make the exit code 1 (it is
+    still reported, and fails its build gate).
     """
     from temper.pipeline.gating import from_run, precheck, preflight
     from temper.pipeline.outputs import OutputFolder
+    from temper.pipeline.slice_check import check_slices
     from temper.validators import report
     from temper.validators.validation import build_report, validate
 
     check_required(loaded, require)
-    folder = OutputFolder(output)
+    folder = OutputFolder(output.resolve())
     try:
         with Runner(loaded, cache, observer) as runner:
             precheck(runner)  # data and providers, before even the baseline is built
             preflight(runner, tracking)  # what the baseline alone can tell, before any candidate
+            check_slices(runner)
             result = runner.run()
             verdict = None
             if loaded.recipe.validation is not None:
                 verdict = build_report(validate(from_run(runner, result), runner.observer.note))
+                verdict = verdict.model_copy(update={"not_built": not_built(result)})
         target = folder.commit(loaded, result, (lambda d: report.write(verdict, d)) if verdict else None)
     finally:
         folder.discard()
+    errors = [] if allow_build_errors else [c.name for c in result.candidates if c.error and c.failure == "error"]
     if verdict is None:
         built = {c.name for c in result.candidates if not c.error}
-        return Outcome(target, None, result, [name for name in require or () if name not in built])
-    return Outcome(target, verdict, result, required_missed(verdict, require))
+        return Outcome(target, None, result, [name for name in require or () if name not in built], errors)
+    return Outcome(target, verdict, result, required_missed(verdict, require), errors)
+
+
+def not_built(result: RunResult) -> dict[str, NotBuilt]:
+    """report.json's not_built: each candidate that failed to build, whether it raised or was rejected, and why."""
+    from temper.validators.report_model import NotBuilt
+
+    return {c.name: NotBuilt(kind="rejected" if c.failure == "rejected" else "error", reason=c.error)
+            for c in result.candidates if c.error}
 
 
 def revalidate(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[str] | None = None,
-               observer: Observer | None = None) -> Outcome:
+               observer: Observer | None = None, allow_build_errors: bool = False) -> Outcome:
     """Validate an existing output folder again (new budgets, another host) and rewrite its reports."""
     from temper.pipeline.gating import from_folder
+    from temper.pipeline.slice_check import check_slices
     from temper.validators import report
     from temper.validators.validation import build_report, validate
 
@@ -89,9 +108,25 @@ def revalidate(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require:
         raise RecipeError(loaded.file, "validate", "this recipe has no validate section: nothing to check")
     check_required(loaded, require)
     with Runner(loaded, cache, observer) as runner:
-        verdict = build_report(validate(from_folder(runner, output), runner.observer.note))
+        subject = from_folder(runner, output)
+        check_slices(runner, subject.baseline)
+        verdict = build_report(validate(subject, runner.observer.note))
+    verdict = verdict.model_copy(update={"not_built": _still_not_built(verdict, output)})
     report.write(verdict, output)
-    return Outcome(output, verdict, None, required_missed(verdict, require))
+    errors = [] if allow_build_errors else [n for n, f in verdict.not_built.items() if f.kind == "error"]
+    return Outcome(output, verdict, None, required_missed(verdict, require), errors)
+
+
+def _still_not_built(verdict: Report, output: Path) -> dict[str, NotBuilt]:
+    """The folder's failed builds as its run classified them (its report.json); one it did not is an error."""
+    from temper.validators import report_model
+
+    try:
+        earlier = report_model.load(output / report_model.FILE).not_built
+    except Exception:  # no report (an ungated run), or one of an older schema
+        earlier = {}
+    return {name: earlier.get(name) or report_model.NotBuilt(kind="error", reason=gate.detail)
+            for name, c in verdict.candidates.items() for gate in c.gates if gate.name == "build" and not gate.passed}
 
 
 def publish(loaded: LoadedRecipe, outcome: Outcome, tracking: str | None = None) -> Published | None:

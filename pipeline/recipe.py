@@ -208,11 +208,54 @@ class AccuracyGate(Strict):
         return self
 
 
+SliceName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")]
+
+
+class FidelitySlice(Strict):
+    """Part of one output gated on its own: `start:stop` along `axis`. A mixed-scale output (a detector's
+    [batch, 4 + classes, anchors]: box pixels beside class scores) hides broken scores in a whole-output
+    cosine, because the large part dominates the norm."""
+
+    output: Identifier
+    axis: int = Field(ge=0, description="the axis to cut (0 is the batch axis)")
+    start: int = Field(0, ge=0)
+    stop: int | None = Field(None, ge=1, description="exclusive (default: the end of the axis)")
+    name: SliceName | None = Field(None, description="its name in gates and reports (default: output.axisA.start-stop)")
+    cosine_min: float | None = Field(None, ge=-1, le=1)
+    atol: float | None = Field(None, ge=0, description="largest allowed absolute error in the slice")
+    rel_l2_max: float | None = Field(None, ge=0, description="largest allowed ||candidate - baseline|| / ||baseline||")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> FidelitySlice:
+        if self.stop is not None and self.stop <= self.start:
+            raise ValueError(f"stop {self.stop} is not past start {self.start}: the slice would be empty")
+        if self.cosine_min is None and self.atol is None and self.rel_l2_max is None:
+            raise ValueError("a slice needs a bound to gate on: cosine_min, atol and/or rel_l2_max")
+        return self
+
+    @property
+    def label(self) -> str:
+        stop = "end" if self.stop is None else self.stop
+        return self.name or f"{self.output}.axis{self.axis}.{self.start}-{stop}"
+
+
 class FidelityGate(Strict):
-    """Per-output agreement with the baseline on the evaluation set; any NaN/Inf always fails."""
+    """Per-output agreement with the baseline on the evaluation set; any NaN/Inf always fails. `slices`
+    gate parts of an output on their own bounds, beside (not instead of) the whole-output ones."""
 
     cosine_min: float | None = Field(None, ge=-1, le=1)
     atol: float | None = Field(None, ge=0, description="largest allowed absolute error per output")
+    rel_l2_max: float | None = Field(
+        None, ge=0, description="largest allowed relative error ||candidate - baseline|| / ||baseline|| per output")
+    slices: list[FidelitySlice] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> FidelityGate:
+        labels = [s.label for s in self.slices]
+        twice = next((label for i, label in enumerate(labels) if label in labels[:i]), None)
+        if twice is not None:
+            raise ValueError(f"two slices are named '{twice}': give each slice its own name")
+        return self
 
 
 class ThroughputSpec(Strict):

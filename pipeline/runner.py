@@ -69,6 +69,7 @@ class CandidateOutcome:
     name: str
     records: list[ModelRecord] = field(default_factory=list)
     error: str | None = None
+    failure: str | None = None  # StepFailed.kind: "rejected" (a verdict, like a gate's) or "error" (it raised)
 
     @property
     def model(self) -> ModelRecord | None:
@@ -386,7 +387,7 @@ class Runner:
             try:
                 outcome.records = self.chain(name, base[-1], candidate.steps, f"candidates.{name}.steps")[1:]
             except StepFailed as exc:
-                outcome.error = str(exc)
+                outcome.error, outcome.failure = str(exc), exc.kind
             outcomes.append(outcome)
         return RunResult(base, outcomes)
 

@@ -75,7 +75,28 @@ def expand(data: dict[str, Any], file: str) -> tuple[dict[str, Any], dict[str, S
             expanded[trial] = _with(spec, axes, values)
             trials.append(trial)
         searches[name] = Search(name, trials, len(combinations))
+    _refuse_collisions(candidates, searches, file)
     return {**data, "candidates": expanded}, searches
+
+
+def _refuse_collisions(candidates: dict[str, Any], searches: dict[str, Search], file: str) -> None:
+    """A combination named like another candidate (explicit or another search's) would silently
+    replace it in the run: refuse it at the later one's key, naming both."""
+    owner: dict[str, str] = {}  # candidate name -> where it comes from, in file order
+    for name in candidates:
+        produced = searches[name].trials if name in searches else [name]
+        for each in produced:
+            earlier = owner.get(each)
+            if earlier is not None:
+                raise RecipeError(file, f"candidates.{name}",
+                                  f"'{each}' is both {_source(earlier, searches)} and {_source(name, searches)}: "
+                                  "two candidates cannot share a name; rename one of them, or drop the alternative "
+                                  "the explicit candidate already covers")
+            owner[each] = name
+
+
+def _source(name: str, searches: dict[str, Search]) -> str:
+    return f"a combination of the search candidates.{name}" if name in searches else f"the candidate candidates.{name}"
 
 
 @dataclass(frozen=True)
@@ -103,8 +124,15 @@ def _axes(spec: dict[str, Any], where: str, file: str) -> list[_Axis]:
             if not values:
                 raise RecipeError(file, at,
                                   "an empty list of alternatives: give at least one value (or a single value)")
+            seen: dict[str, int] = {}
             for position, value in enumerate(values):
                 _check_value(kind, options, key, value, f"{at}[{position}]")
+                label = _label(value)
+                if label in seen:
+                    raise RecipeError(file, f"{at}[{position}]",
+                                      f"{value!r} is listed twice (also at {at}[{seen[label]}]): each alternative "
+                                      "is built once, so remove the repeat")
+                seen[label] = position
             axes.append(_Axis(index, kind, key, values))
     return axes
 

@@ -1,12 +1,15 @@
-"""Per-output numeric comparison in Polygraphy's vocabulary: abs/rel error statistics and cosine."""
+"""Per-output numeric comparison in Polygraphy's vocabulary: abs/rel error statistics and cosine, on whole
+outputs and on the slices a recipe names (a mixed-scale output's small part, gated on its own)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from temper.pipeline.recipe import ValidateSpec
+from temper.pipeline.recipe import FidelitySlice, ValidateSpec
 from temper.validators.gates import Gate, at_least, at_most
-from temper.validators.report_model import Comparison
+from temper.validators.report_model import Comparison, OutputSlice
+
+Shape = list[int | str | None]  # an output's dims: fixed, symbolic, or unknown
 
 
 def compare(name: str, reference: np.ndarray, candidate: np.ndarray, atol: float, rtol: float) -> Comparison:
@@ -21,28 +24,86 @@ def compare(name: str, reference: np.ndarray, candidate: np.ndarray, atol: float
     a, b = ref.ravel(), got.ravel()
     norm = float(np.linalg.norm(a) * np.linalg.norm(b))
     cosine = float(np.dot(a, b) / norm) if norm > 0 else float(np.array_equal(a, b))
+    ref_norm = float(np.linalg.norm(a))
+    rel_l2 = float(np.linalg.norm(b - a) / ref_norm) if ref_norm > 0 else float(not np.array_equal(a, b))
     finite = nonfinite == 0
     return Comparison(
         name=name,
+        slice=None,
         max_abs=float(err.max()) if err.size else 0.0,
         mean_abs=float(err.mean()) if err.size else 0.0,
         p99_abs=float(np.percentile(err, 99)) if err.size else 0.0,
         max_rel=float(rel.max()) if rel.size else 0.0,
+        rel_l2=rel_l2,
         cosine=cosine,
         nonfinite=nonfinite,
         within_tolerance=finite and bool(np.allclose(got, ref, atol=atol, rtol=rtol)),
     )
 
 
+def slice_problem(part: FidelitySlice, shapes: dict[str, Shape]) -> tuple[str, str] | None:
+    """(key under the slice, message) when `part` does not fit the baseline's output `shapes`, else None."""
+    if part.output not in shapes:
+        return "output", f"'{part.output}' is not an output of the baseline; its outputs: {', '.join(shapes)}"
+    if part.name is not None and part.name in shapes:
+        return "name", f"'{part.name}' is already an output's name, and gates are named by it: choose another name"
+    shape = shapes[part.output]
+    if part.axis >= len(shape):
+        return "axis", (f"output '{part.output}' has {len(shape)} axes {shape}: axis {part.axis} does not exist "
+                        f"(axes count from 0)")
+    size = shape[part.axis]
+    if not isinstance(size, int):
+        return "axis", (f"axis {part.axis} of output '{part.output}' has no fixed size ({size!r}) in the baseline: "
+                        "slice a fixed axis, or fix its shape with a fix_shapes step")
+    if part.start >= size:
+        return "start", f"start {part.start} is past axis {part.axis} of output '{part.output}', which has {size}"
+    if part.stop is not None and part.stop > size:
+        return "stop", (f"stop {part.stop} is past axis {part.axis} of output '{part.output}', which has {size} "
+                        f"(stop is exclusive: at most {size})")
+    return None
+
+
+def compare_slice(part: FidelitySlice, reference: np.ndarray, candidate: np.ndarray) -> Comparison:
+    """Compare `start:stop` along `axis` of one output, named by the slice."""
+    problem = slice_problem(part, {part.output: list(np.shape(reference))})
+    if problem is not None:
+        raise ValueError(f"validate.fidelity slice '{part.label}': {problem[1]}")
+    stop = part.stop if part.stop is not None else np.shape(reference)[part.axis]
+    index = (slice(None),) * part.axis + (slice(part.start, stop),)
+    result = compare(part.label, np.asarray(reference)[index], np.asarray(candidate)[index], atol=0.0, rtol=0.0)
+    return result.model_copy(update={"slice": OutputSlice(output=part.output, axis=part.axis, start=part.start,
+                                                          stop=stop)})
+
+
+def compare_outputs(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
+                    spec: ValidateSpec) -> list[Comparison]:
+    """Every output of `reference` whole, then every slice the recipe names (what fidelity_gates reads)."""
+    whole = [compare(name, reference[name], candidate[name], atol=0.0, rtol=0.0) for name in reference]
+    parts = spec.fidelity.slices if spec.fidelity else []
+    return whole + [compare_slice(p, reference[p.output], candidate[p.output]) for p in parts]
+
+
 def fidelity_gates(comparisons: list[Comparison], spec: ValidateSpec) -> list[Gate]:
-    """NaN/Inf per output, and the recipe's cosine / atol bounds (also what the quantize fallback aims at)."""
+    """NaN/Inf per output, the recipe's cosine / atol / rel_l2 bounds per output, and each slice's own
+    bounds (also what the quantize fallback aims at)."""
+    fidelity = spec.fidelity
+    parts = {p.label: p for p in fidelity.slices} if fidelity else {}
     gates = []
     for c in comparisons:
-        gates.append(Gate(f"fidelity.{c.name}.finite", c.nonfinite == 0, float(c.nonfinite), 0.0,
-                          f"{c.nonfinite} NaN/Inf values" if c.nonfinite else "all values finite"))
-        if spec.fidelity and spec.fidelity.cosine_min is not None:
-            gates.append(at_least(f"fidelity.{c.name}.cosine", c.cosine, spec.fidelity.cosine_min,
-                                  "cosine to baseline"))
-        if spec.fidelity and spec.fidelity.atol is not None:
-            gates.append(at_most(f"fidelity.{c.name}.max_abs", c.max_abs, spec.fidelity.atol, "max abs error"))
+        if c.slice is None:
+            gates.append(Gate(f"fidelity.{c.name}.finite", c.nonfinite == 0, float(c.nonfinite), 0.0,
+                              f"{c.nonfinite} NaN/Inf values" if c.nonfinite else "all values finite"))
+            bounds = fidelity
+        else:
+            bounds = parts[c.name]
+        if bounds is None:
+            continue
+        what = "" if c.slice is None else f" of {c.slice.output}[axis {c.slice.axis}: {c.slice.start}:{c.slice.stop}]"
+        if bounds.cosine_min is not None:
+            gates.append(at_least(f"fidelity.{c.name}.cosine", c.cosine, bounds.cosine_min,
+                                  f"cosine to baseline{what}"))
+        if bounds.atol is not None:
+            gates.append(at_most(f"fidelity.{c.name}.max_abs", c.max_abs, bounds.atol, f"max abs error{what}"))
+        if bounds.rel_l2_max is not None:
+            gates.append(at_most(f"fidelity.{c.name}.rel_l2", c.rel_l2, bounds.rel_l2_max, f"relative L2 error{what}"))
     return gates

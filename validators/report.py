@@ -49,7 +49,7 @@ def markdown(report: Readable) -> str:
     report = Report.model_validate(report)
     verdict = (f"**passed** — selected `{report.selected}`" if report.passed
                else f"**no candidate passed** — selected `baseline`: {report.selection_reason}")
-    lines = [f"# temper report: {report.recipe}", "", verdict, "", *_host_lines(report), ""]
+    lines = [f"# temper report: {report.recipe}", "", verdict, "", *_not_built_lines(report), *_host_lines(report), ""]
     metric = report.metric
     head = "| candidate | verdict | size | " + (f"{metric} | drop | " if metric else "") + "failed gates |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
@@ -121,16 +121,29 @@ def _host_lines(report: Report) -> list[str]:
     return lines
 
 
+def _not_built_lines(report: Report) -> list[str]:
+    """One line per candidate that did not build, before anything else: a build error is not a gate."""
+    lines = []
+    for name, failure in report.not_built.items():
+        what = ("**build error** (not a gate: the run exits 1 unless --allow-build-errors)"
+                if failure.kind == "error" else "rejected by its step (its build gate fails)")
+        lines.append(f"- `{name}` did not build, {what}: {failure.reason}")
+    return [*lines, ""] if lines else []
+
+
 def _fidelity_section(report: Report) -> list[str]:
-    """Every candidate's agreement with the baseline, per output, whether or not a gate failed on it."""
+    """Every candidate's agreement with the baseline, per output and per recipe slice, whether or not a
+    gate failed on it."""
     rows = [(n, f) for n, c in report.candidates.items() for f in c.fidelity]
     if not rows:
         return []
     lines = ["", "## Fidelity (per output, vs the baseline)", "",
-             "| candidate | output | cosine | max abs | mean abs | p99 abs | NaN/Inf |",
-             "|---|---|---|---|---|---|---|"]
+             "| candidate | output | cosine | rel L2 | max abs | mean abs | p99 abs | NaN/Inf |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, f in rows:
-        lines.append(f"| {name} | {f.name} | {f.cosine:.6f} | {f.max_abs:.4g} | {f.mean_abs:.4g} | "
+        part = f.slice
+        where = f.name if part is None else f"{f.name}: {part.output}[axis {part.axis}: {part.start}:{part.stop}]"
+        lines.append(f"| {name} | {where} | {f.cosine:.6f} | {f.rel_l2:.4g} | {f.max_abs:.4g} | {f.mean_abs:.4g} | "
                      f"{f.p99_abs:.4g} | {f.nonfinite} |")
     return lines
 
@@ -180,14 +193,21 @@ def junit(report: Readable) -> ET.ElementTree:
     """One test case per candidate gate, so a CI system shows exactly which gate failed."""
     report = Report.model_validate(report)
     cases = [(name, gate) for name, c in report.candidates.items() for gate in c.gates]
-    failures = sum(not g.passed for _, g in cases)
+
+    def raised(name: str, gate: Any) -> bool:  # a build error is a JUnit error, not a failed check
+        return gate.name == "build" and name in report.not_built and report.not_built[name].kind == "error"
+
+    errors = sum(not g.passed and raised(n, g) for n, g in cases)
+    failures = sum(not g.passed for _, g in cases) - errors
     suite = ET.Element("testsuite", name=f"temper.{report.recipe}", tests=str(len(cases)),
-                       failures=str(failures), errors="0", skipped="0")
+                       failures=str(failures), errors=str(errors), skipped="0")
     for name, gate in cases:
         case = ET.SubElement(suite, "testcase", classname=f"{report.recipe}.{name}", name=gate.name)
         if not gate.passed:
-            ET.SubElement(case, "failure", message=gate.detail, type="gate").text = json.dumps(gate.model_dump())
-    root = ET.Element("testsuites", tests=str(len(cases)), failures=str(failures))
+            kind = "error" if raised(name, gate) else "failure"
+            ET.SubElement(case, kind, message=gate.detail, type="build" if kind == "error" else "gate"
+                          ).text = json.dumps(gate.model_dump())
+    root = ET.Element("testsuites", tests=str(len(cases)), failures=str(failures), errors=str(errors))
     root.append(suite)
     return ET.ElementTree(root)
 

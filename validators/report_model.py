@@ -22,7 +22,7 @@ from pydantic.json_schema import GenerateJsonSchema
 from temper.artifacts.host import HostProfile
 from temper.pipeline.recipe import Provider
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 FILE = "report.json"
 
 Verdict = Literal["pass", "fail", "inconclusive"]
@@ -48,21 +48,34 @@ class Gate(_Model):
     interval: Interval | None = Field(description="a speed gate's confidence interval of the speedup")
 
 
-class Comparison(_Model):
-    """One output of a candidate against the baseline's, as validators.fidelity.compare measures it."""
+class OutputSlice(_Model):
+    """Where a sliced comparison cut its output: `start:stop` along `axis`."""
 
-    name: str
+    output: str
+    axis: int = Field(ge=0)
+    start: int = Field(ge=0)
+    stop: int = Field(ge=1)
+
+
+class Comparison(_Model):
+    """One output (or one slice of an output) of a candidate against the baseline's, as
+    validators.fidelity.compare measures it."""
+
+    name: str = Field(description="the output's name, or the slice's (validate.fidelity.slices[].name)")
+    slice: OutputSlice | None = Field(description="the part of the output compared (null: the whole output)")
     max_abs: float
     mean_abs: float
     p99_abs: float
     max_rel: float
+    rel_l2: float = Field(description="||candidate - baseline|| / ||baseline|| (L2 over every value)")
     cosine: float
     nonfinite: int = Field(ge=0, description="NaN/Inf values in the candidate's output")
     within_tolerance: bool = Field(description="numpy.allclose at atol = rtol = 0, and every value finite")
 
     def describe(self) -> str:
         return (f"{self.name}: max abs err {self.max_abs:.3g}, mean {self.mean_abs:.3g}, "
-                f"max rel {self.max_rel:.3g}, cosine {self.cosine:.6f}, non-finite {self.nonfinite}")
+                f"max rel {self.max_rel:.3g}, rel L2 {self.rel_l2:.3g}, cosine {self.cosine:.6f}, "
+                f"non-finite {self.nonfinite}")
 
 
 class Latency(_Model):
@@ -186,12 +199,22 @@ class Search(_Model):
     combinations: int = Field(ge=1)
 
 
+class NotBuilt(_Model):
+    """A candidate that did not build, and why (its `build` gate failed with the same reason)."""
+
+    kind: Literal["error", "rejected"] = Field(
+        description="error: something raised while building (a library, temper, the environment): the run exits 1 "
+                    "unless --allow-build-errors; rejected: a step's own check refused the model it built "
+                    "(NaN/Inf, a mismatch), a verdict like a gate's")
+    reason: str = Field(description="one line")
+
+
 class Report(_Model):
     """The machine-readable verdict of `temper run` / `temper validate`: the contract CI jobs read."""
 
     model_config = ConfigDict(title="temper report.json")
 
-    schema_version: Literal[2]
+    schema_version: Literal[3]
     recipe: str
     host: HostProfile = Field(description="the machine every figure was measured on")
     target: Target | None = Field(description="what quantize's preset auto resolved to, and why")
@@ -200,6 +223,8 @@ class Report(_Model):
     allowed_drop: float | None = Field(ge=0)
     speed_policy: SpeedPolicy | None = Field(description="how speed gates decide (null without validate.throughput)")
     candidates: dict[str, Candidate]
+    not_built: dict[str, NotBuilt] = Field(
+        default_factory=dict, description="the candidates that did not build, and why (also their build gates)")
     searches: dict[str, Search] = Field(
         description="candidates whose options listed alternatives: the combinations built")
     select: Literal["fastest-passing", "smallest-passing"]

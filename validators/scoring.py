@@ -13,7 +13,7 @@ from temper.pipeline.errors import RecipeError
 from temper.pipeline.recipe import ValidateSpec
 from temper.validators import metrics
 from temper.validators.evaluate import predict
-from temper.validators.fidelity import compare, fidelity_gates
+from temper.validators.fidelity import compare_outputs, fidelity_gates
 from temper.validators.throughput import measure
 
 TRIAL_SPEED_S = 0.5  # a trial's speed is for its report line; the gates measure properly later
@@ -90,9 +90,9 @@ class GateScorer:
     def score(self, model: Path) -> Score:
         out = predict(model, self.evaluation.features, self.batch_size)
         metric, drop = self.reference.score(out)
-        comparisons = [compare(name, self.baseline_outputs[name], out[name], atol=0.0, rtol=0.0) for name in out]
+        comparisons = compare_outputs(self.baseline_outputs, out, self.spec)  # with the recipe's slices
         failed = [g.name for g in fidelity_gates(comparisons, self.spec) if not g.passed]
-        return Score(metric, drop, min(c.cosine for c in comparisons), failed)
+        return Score(metric, drop, min(c.cosine for c in comparisons if c.slice is None), failed)
 
     def speed(self, model: Path) -> float | None:
         throughput = self.spec.throughput

@@ -20,7 +20,7 @@ from temper.pipeline.errors import RecipeError
 from temper.pipeline.recipe import ValidateSpec
 from temper.validators import report_model, scoring
 from temper.validators.evaluate import predict
-from temper.validators.fidelity import compare, fidelity_gates
+from temper.validators.fidelity import compare_outputs, fidelity_gates
 from temper.validators.gates import Gate, Verdict, at_most, select
 from temper.validators.speedup import Speedup, estimate
 from temper.validators.throughput import Measurement, batch_of, measure, session_for
@@ -120,7 +120,7 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
         if ref is not None:
             result.metric, result.drop = ref.score(out)
             result.verdict.gates.append(at_most("accuracy", result.drop, ref.allowed, f"{ref.metric.name} drop"))
-        result.fidelity = [compare(o, base_out[o], out[o], atol=0.0, rtol=0.0) for o in base_out]
+        result.fidelity = compare_outputs(base_out, out, spec)  # whole outputs, then the recipe's slices
         result.verdict.gates += fidelity_gates(result.fidelity, spec)
         result.throughput = [_speed(bench, name, spec) for bench in benches]
         result.verdict.gates += [g for bench, (_, up) in zip(benches, result.throughput)

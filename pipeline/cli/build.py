@@ -18,9 +18,11 @@ from temper.pipeline import flow
 from temper.pipeline.cli.common import (
     CacheOpt,
     Display,
+    OutputOpt,
     RecipeArg,
     RequireOpt,
     TrackingOpt,
+    absolute,
     app,
     err,
     out,
@@ -35,29 +37,33 @@ if TYPE_CHECKING:
     from temper.validators.report_model import Report
 
 
+AllowBuildErrorsOpt = Annotated[bool, typer.Option(
+    "--allow-build-errors", help="exit 0 even when a candidate's build raised an error "
+                                 "(it is still named in the summary and report.json)")]
+
+
 @app.command()
 def run(
     recipe: RecipeArg,
-    output: Annotated[Path | None, typer.Option(
-        "--output", "-o", help="output folder (default: out/<recipe name>)")] = None,
+    output: OutputOpt = None,
     cache_dir: CacheOpt = None,
     no_cache: Annotated[bool, typer.Option(
         "--no-cache", help="rebuild every step (results still refresh the cache)")] = False,
     require: RequireOpt = None,
     tracking_uri: TrackingOpt = None,
+    allow_build_errors: AllowBuildErrorsOpt = False,
 ) -> None:
     """Build the baseline and every candidate, validate them against the recipe's gates, write the output
     folder, and publish the selected candidate when the recipe has a publish section and the gates hold."""
     loaded = load_recipe(recipe)
     begin = time.perf_counter()
     with progress() as shown_progress:
-        outcome = flow.run(loaded, output or Path("out") / loaded.recipe.name, step_cache(cache_dir, not no_cache),
-                           require=require, tracking=tracking_uri, observer=Display(shown_progress))
+        outcome = flow.run(loaded, output or (Path("out") / loaded.recipe.name).resolve(),
+                           step_cache(cache_dir, not no_cache), require=require, tracking=tracking_uri,
+                           observer=Display(shown_progress), allow_build_errors=allow_build_errors)
     assert outcome.result is not None
     out.print(_summary(outcome.result))
-    for c in outcome.result.candidates:
-        if c.error:
-            err.print(Text.assemble(("error: ", "red"), f"candidate {c.name}: {c.error}"), soft_wrap=True)
+    _print_not_built(outcome)
     seconds = time.perf_counter() - begin
     if outcome.report is None:
         out.print(f"wrote {shown(outcome.folder)} in {seconds:.1f}s (no validate section: nothing gated)")
@@ -78,15 +84,25 @@ def run(
 def validate_cmd(
     recipe: RecipeArg,
     output: Annotated[Path | None, typer.Option(
-        "--output", "-o", help="folder an earlier `temper run` wrote (default: out/<recipe name>)")] = None,
+        "--output", "-o", callback=absolute,
+        help="folder an earlier `temper run` wrote (default: out/<recipe name>)")] = None,
     cache_dir: CacheOpt = None,
     require: RequireOpt = None,
+    allow_build_errors: AllowBuildErrorsOpt = False,
 ) -> None:
     """Re-run validation on an existing output folder (e.g. with new budgets) without rebuilding anything."""
     loaded = load_recipe(recipe)
     with progress() as shown_progress:
         outcome = flow.revalidate(loaded, (output or Path("out") / loaded.recipe.name).resolve(), step_cache(cache_dir),
-                                  require=require, observer=Display(shown_progress))
+                                  require=require, observer=Display(shown_progress),
+                                  allow_build_errors=allow_build_errors)
+    for name, failure in outcome.report.not_built.items() if outcome.report else ():
+        if failure.kind == "error":
+            counted = name in outcome.build_errors
+            tail = "exit 1; --allow-build-errors accepts it" if counted else "accepted by --allow-build-errors"
+            err.print(Text.assemble(("error: ", "red") if counted else ("warning: ", "yellow"),
+                                    f"candidate {name} did not build: {failure.reason} (a build error: {tail})"),
+                      soft_wrap=True)
     _print_gates(outcome)
     raise typer.Exit(outcome.exit_code)
 
@@ -144,6 +160,26 @@ def schema() -> None:
     print(json.dumps(recipe_schema(), indent=2))
 
 
+def _print_not_built(outcome: flow.Outcome) -> None:
+    """One line per candidate that did not build. In a gated run a build error fails the run (exit 1)
+    unless --allow-build-errors; a rejection is a failed build gate. Ungated, every candidate must build."""
+    assert outcome.result is not None
+    for c in outcome.result.candidates:
+        if not c.error:
+            continue
+        line = f"candidate {c.name} did not build: {c.error}"
+        if outcome.report is None:
+            err.print(Text.assemble(("error: ", "red"), line), soft_wrap=True)
+        elif c.failure == "rejected":
+            err.print(Text.assemble(("rejected: ", "yellow"), f"{line} (its build gate fails)"), soft_wrap=True)
+        elif c.name in outcome.build_errors:
+            err.print(Text.assemble(("error: ", "red"), f"{line} (a build error, not a gate: exit 1; "
+                                                        "--allow-build-errors accepts it)"), soft_wrap=True)
+        else:
+            err.print(Text.assemble(("warning: ", "yellow"), f"{line} (a build error, accepted by "
+                                                             "--allow-build-errors)"), soft_wrap=True)
+
+
 def _print_gates(outcome: flow.Outcome) -> None:
     """The gate table, any fallback that missed its budget, the selection and why, and each required miss."""
     verdict = outcome.report
@@ -161,7 +197,7 @@ def _print_gates(outcome: flow.Outcome) -> None:
                       soft_wrap=True)
     out.print(Text.assemble(("selected: ", "green"), verdict.selected))
     if verdict.selection_reason:
-        out.print(verdict.selection_reason, soft_wrap=True)
+        out.print(Text(verdict.selection_reason), soft_wrap=True)  # plain text: gate names hold [brackets]
     for name in outcome.missed:
         err.print(Text.assemble(("gates failed: ", "red"), f"required candidate {name} did not pass"))
 
@@ -195,11 +231,11 @@ def _summary(result: RunResult) -> Table:
                          ("total", "right")):
         table.add_column(col, justify=justify)
     rows = [("baseline", result.baseline, None)]
-    rows += [(c.name, c.records, c.error) for c in result.candidates]
-    for name, records, error in rows:
+    rows += [(c.name, c.records, c.error and (c.failure or "error")) for c in result.candidates]
+    for name, records, failure in rows:
         steps = ", ".join(f"{r.step} {r.seconds:.1f}s{'*' if r.cached else ''}" for r in records)
-        size = f"{records[-1].bytes / 1024:,.0f} KiB" if records and not error else "-"
-        status = "[red]failed[/]" if error else "ok"
+        size = f"{records[-1].bytes / 1024:,.0f} KiB" if records and not failure else "-"
+        status = {"error": "[red]build error[/]", "rejected": "[yellow]rejected[/]"}.get(failure or "", "ok")
         table.add_row(name, status, size, steps, f"{sum(r.seconds for r in records):.1f}s")
     table.caption = "* cached: time of the original build"
     return table

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -18,17 +19,47 @@ err = Console(stderr=True)
 DEBUG = {"on": False}
 COMMAND: dict[str, str | None] = {"name": None}  # the subcommand running, for the line an interruption prints
 
+
+
+def absolute(path: Path | None) -> Path | None:
+    """A user's path made absolute once, where it enters: steps run libraries inside other working
+    folders (static quantization chdirs into its scratch folder), so nothing below may read the cwd."""
+    return None if path is None else path.expanduser().resolve()
+
+
+def absolute_store(uri: str | None) -> str | None:
+    """--tracking-uri, else $MLFLOW_TRACKING_URI, with a relative local store (sqlite:///mlflow.db,
+    ./mlruns, file:mlruns) made absolute; servers (http://, databricks) pass as they are. None: the
+    registry's default, an mlflow.db it places in the working folder itself."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+    if uri is None:
+        return None
+    if uri.startswith("sqlite:///"):
+        db = uri.removeprefix("sqlite:///")
+        return uri if db in ("", ":memory:") or db.startswith("/") else f"sqlite:///{Path(db).expanduser().resolve()}"
+    if uri.startswith("file:") and not uri.startswith("file://"):
+        return Path(uri.removeprefix("file:")).expanduser().resolve().as_uri()
+    if "://" not in uri and uri not in ("databricks", "databricks-uc", "uc"):  # a bare folder: MLflow's file store
+        return Path(uri).expanduser().resolve().as_uri()
+    return uri
+
+
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
 CacheOpt = Annotated[Path | None, typer.Option(
-    "--cache-dir", help="step cache (default: $TEMPER_CACHE_DIR, else the user cache folder, e.g. ~/.cache/temper)")]
+    "--cache-dir", callback=absolute,
+    help="step cache (default: $TEMPER_CACHE_DIR, else the user cache folder, e.g. ~/.cache/temper)")]
 TrackingOpt = Annotated[str | None, typer.Option(
-    "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")]
+    "--tracking-uri", callback=absolute_store,
+    help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")]
+OutputOpt = Annotated[Path | None, typer.Option(
+    "--output", "-o", callback=absolute, help="output folder (default: out/<recipe name>)")]
 RequireOpt = Annotated[list[str] | None, typer.Option(
     "--require", help="exit 1 unless this candidate passed every gate (repeatable)")]
 
 
 def step_cache(folder: Path | None, enabled: bool = True) -> StepCache:
-    return StepCache(folder or default_root(), enabled=enabled)
+    """The cache at --cache-dir, else $TEMPER_CACHE_DIR, else the user cache folder; always absolute."""
+    return StepCache(absolute(folder) or default_root(), enabled=enabled)
 
 
 class Display:

@@ -34,10 +34,10 @@ def gate(name: str, passed: bool, detail: str, verdict: str = "", interval: list
 
 def sample_report() -> dict[str, Any]:
     """Two candidates, neither passing: int8's speed gate is inconclusive, fp16 misses accuracy."""
-    fidelity = {"name": "logits", "max_abs": 0.0123456, "mean_abs": 0.001, "p99_abs": 0.01, "max_rel": 0.05,
-                "cosine": 0.9999, "nonfinite": 0, "within_tolerance": False}
+    fidelity = {"name": "logits", "slice": None, "max_abs": 0.0123456, "mean_abs": 0.001, "p99_abs": 0.01,
+                "max_rel": 0.05, "rel_l2": 0.002, "cosine": 0.9999, "nonfinite": 0, "within_tolerance": False}
     report = {
-        "schema_version": 2, "recipe": "toy", "metric": "top1",
+        "schema_version": 3, "recipe": "toy", "metric": "top1",
         "baseline": {"metric": 0.95, "throughput": [measurement(4000.0)]},
         "allowed_drop": 0.02,
         "candidates": {
@@ -51,6 +51,7 @@ def sample_report() -> dict[str, Any]:
                      "gates": [gate("accuracy", False, "top1 drop 0.05 > 0.02")],
                      "fidelity": [{**fidelity, "cosine": 0.98}], "throughput": [], "tuning": None},
         },
+        "not_built": {},
         "select": "fastest-passing", "selected": "baseline", "passed": False, "searches": {},
         "host": {"cpu": "Test CPU 9000", "arch": "x86_64", "features": ["avx512_vnni", "avx2"], "features_known": True,
                  "usable_cores": 2, "logical_cpus": 4, "memory_gib": 7.5, "onnxruntime": "1.32.0",

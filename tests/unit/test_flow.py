@@ -33,3 +33,26 @@ def test_ungated_run_exits_1_when_any_candidate_failed_to_build():
     assert Outcome(Path("o"), None, _result(None, None)).exit_code == 0
     assert Outcome(Path("o"), None, _result(None, "export failed")).exit_code == 1
     assert Outcome(Path("o"), None, _result()).exit_code == 1  # nothing built is not a success
+
+
+def test_a_gated_run_exits_1_on_a_build_error_but_not_on_a_rejected_build():
+    report = Report.model_validate(sample_report())
+    assert Outcome(Path("o"), report, build_errors=["int8"]).exit_code == 1
+    assert Outcome(Path("o"), report, build_errors=[]).exit_code == 0  # rejected, or allowed: a failed gate only
+
+
+def test_step_failed_kind_tells_a_raised_build_from_a_rejected_one():
+    from temper.pipeline.errors import EnvironmentProblem, StepFailed
+
+    def raised(cause: BaseException | None) -> StepFailed:
+        try:
+            if cause is None:
+                raise StepFailed("fp16: NaN on a real batch")
+            raise StepFailed("quantize: failed") from cause
+        except StepFailed as exc:
+            return exc
+
+    assert raised(FileNotFoundError("model.onnx")).kind == "error"
+    assert raised(None).kind == "rejected"
+    assert raised(EnvironmentProblem("no GPU")).kind == "error"
+    assert raised(StepFailed("export: outputs differ")).kind == "rejected"  # a step's verdict, passed on

@@ -68,9 +68,9 @@ def test_speedup_text_without_an_interval():
 def test_fidelity_table_lists_every_candidate_and_output():
     lines = markdown(sample_report()).splitlines()
     start = lines.index("## Fidelity (per output, vs the baseline)")
-    assert lines[start + 2] == "| candidate | output | cosine | max abs | mean abs | p99 abs | NaN/Inf |"
-    assert lines[start + 4] == "| int8 | logits | 0.999900 | 0.01235 | 0.001 | 0.01 | 0 |"
-    assert lines[start + 5] == "| fp16 | logits | 0.980000 | 0.01235 | 0.001 | 0.01 | 0 |"
+    assert lines[start + 2] == "| candidate | output | cosine | rel L2 | max abs | mean abs | p99 abs | NaN/Inf |"
+    assert lines[start + 4] == "| int8 | logits | 0.999900 | 0.002 | 0.01235 | 0.001 | 0.01 | 0 |"
+    assert lines[start + 5] == "| fp16 | logits | 0.980000 | 0.002 | 0.01235 | 0.001 | 0.01 | 0 |"
 
 
 def test_no_metric_and_no_throughput_leave_their_columns_and_sections_out():

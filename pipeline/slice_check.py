@@ -1,0 +1,42 @@
+"""validate.fidelity.slices against the baseline's real output shapes, before anything is built or gated:
+a slice past the end of its axis would otherwise gate nothing, or fail deep inside validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from temper.pipeline import onnx_io
+from temper.pipeline.errors import RecipeError
+from temper.pipeline.runner import Runner
+from temper.validators.fidelity import Shape, slice_problem
+
+
+def output_shapes(runner: Runner, baseline: Path, axes: set[tuple[str, int]]) -> dict[str, Shape]:
+    """The baseline's output dims as its graph declares them; where an axis a slice cuts is not fixed
+    there, the dims of a real run on the sample batch (what validation will compare)."""
+    graph = onnx_io.load_structure(baseline).graph
+    shapes: dict[str, Shape] = {o.name: [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                         for d in o.type.tensor_type.shape.dim] for o in graph.output}
+    open_axes = [(name, axis) for name, axis in axes
+                 if name in shapes and axis < len(shapes[name]) and not isinstance(shapes[name][axis], int)]
+    if open_axes or any(name in shapes and not shapes[name] for name, _ in axes):
+        ran = onnx_io.run(baseline, runner.sample())
+        shapes = {o.name: list(value.shape) for o, value in zip(graph.output, ran, strict=True)}
+    return shapes
+
+
+def check_slices(runner: Runner, baseline: Path | None = None) -> list[str]:
+    """Raise RecipeError (exit 2) at the slice's key when it does not fit the baseline (default: the one
+    the runner builds, from the cache); return what was checked."""
+    spec = runner.recipe.validation
+    parts = spec.fidelity.slices if spec is not None and spec.fidelity is not None else []
+    if not parts:
+        return []
+    baseline = baseline or runner.baseline()[-1].path
+    shapes = output_shapes(runner, baseline, {(p.output, p.axis) for p in parts})
+    for index, part in enumerate(parts):
+        problem = slice_problem(part, shapes)
+        if problem is not None:
+            key, message = problem
+            raise RecipeError(runner.loaded.file, f"validate.fidelity.slices[{index}].{key}", message)
+    return [f"validate.fidelity.slices: {', '.join(p.label for p in parts)} fit the baseline's outputs"]

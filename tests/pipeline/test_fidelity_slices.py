@@ -1,0 +1,127 @@
+"""Fidelity per slice of an output: a detector-like output [batch, 4 boxes in pixels + 6 class scores]
+whose static INT8 model keeps the boxes and zeroes every score (one per-tensor scale over both parts)
+passes a whole-output cosine of 0.99; the scores slice's own gate must fail it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from temper.pipeline.recipe import FidelityGate, ValidateSpec
+from temper.validators.fidelity import compare_outputs, fidelity_gates
+from tests.unit.reports import read_report
+
+SCORES = {"name": "scores", "output": "out", "axis": 1, "start": 4, "stop": 10, "cosine_min": 0.99}
+
+
+def _mixed_model(path: Path, break_scores: bool = False) -> None:
+    """out = concat(x @ wb (hundreds of pixels), sigmoid(x @ ws) (0..1)); `break_scores`: an edited copy
+    whose score weights are negated, so only the small part changes."""
+    rng = np.random.default_rng(0)
+    wb = (rng.random((4, 4)) * 300).astype(np.float32)
+    ws = rng.normal(size=(4, 6)).astype(np.float32) * (-1 if break_scores else 1)
+    nodes = [helper.make_node("MatMul", ["x", "wb"], ["boxes"], name="box"),
+             helper.make_node("MatMul", ["x", "ws"], ["logit"], name="score"),
+             helper.make_node("Sigmoid", ["logit"], ["scores"], name="sigmoid"),
+             helper.make_node("Concat", ["boxes", "scores"], ["out"], axis=1, name="concat")]
+    graph = helper.make_graph(nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 10])],
+                              [numpy_helper.from_array(wb, "wb"), numpy_helper.from_array(ws, "ws")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def _recipe(folder: Path, fidelity: dict) -> Path:
+    _mixed_model(folder / "mixed.onnx")
+    rng = np.random.default_rng(1)
+    np.savez(folder / "calib.npz", x=rng.random((64, 4), dtype=np.float32))
+    np.savez(folder / "eval.npz", x=rng.random((64, 4), dtype=np.float32))
+    recipe = folder / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "version": 1, "name": "mixed",
+        "model": {"onnx": "mixed.onnx", "inputs": [{"name": "x", "shape": ["batch", 4]}], "outputs": ["out"]},
+        "data": {"calibration": {"path": "calib.npz", "batch_size": 16},
+                 "evaluation": {"path": "eval.npz", "batch_size": 16}},
+        "candidates": {"int8-static": {"steps": [{"quantize": {"mode": "static", "format": "qdq"}}]}},
+        "validate": {"fidelity": fidelity}}, sort_keys=False))
+    return recipe
+
+
+def test_a_slice_gate_fails_the_int8_model_a_whole_output_cosine_passes(temper, tmp_path):
+    recipe = _recipe(tmp_path, {"cosine_min": 0.99, "slices": [SCORES, {"output": "out", "axis": 1, "stop": 4,
+                                                                         "rel_l2_max": 0.05}]})
+    out = tmp_path / "out"
+    result = temper("run", recipe, "--output", out)
+    assert result.code == 0, result.stderr  # a failed gate: the baseline is selected, the CI contract holds
+    report = read_report(out)
+    gates = {g["name"]: g for g in report["candidates"]["int8-static"]["gates"]}
+    assert gates["fidelity.out.cosine"]["passed"] and gates["fidelity.out.cosine"]["measured"] > 0.999
+    assert not gates["fidelity.scores.cosine"]["passed"]
+    assert gates["fidelity.scores.cosine"]["detail"].startswith("cosine to baseline of out[axis 1: 4:10] ")
+    assert gates["fidelity.out.axis1.0-4.rel_l2"]["passed"]  # the boxes survive: only the scores broke
+    assert report["selected"] == "baseline" and not report["passed"]
+    sliced = {c["name"]: c["slice"] for c in report["candidates"]["int8-static"]["fidelity"]}
+    assert sliced == {"out": None, "scores": {"output": "out", "axis": 1, "start": 4, "stop": 10},
+                      "out.axis1.0-4": {"output": "out", "axis": 1, "start": 0, "stop": 4}}
+    markdown = (out / "report.md").read_text()
+    assert "| int8-static | scores: out[axis 1: 4:10] |" in markdown
+    assert "- `int8-static` fidelity.scores.cosine: cosine to baseline of out[axis 1: 4:10]" in markdown
+    assert "fidelity.scores.cosine" in result.stdout  # the gate table names it
+    assert "(cosine to baseline of out[axis 1: 4:10] 0 < 0.99)" in " ".join(result.stdout.split())  # not markup
+
+
+def test_slices_and_relative_error_on_an_edited_copy_with_real_sessions(tmp_path):
+    import onnxruntime as ort
+
+    _mixed_model(tmp_path / "base.onnx")
+    _mixed_model(tmp_path / "edited.onnx", break_scores=True)
+    x = {"x": np.random.default_rng(2).random((32, 4), dtype=np.float32)}
+    base, edited = ({"out": ort.InferenceSession(str(tmp_path / name)).run(None, x)[0]}
+                    for name in ("base.onnx", "edited.onnx"))
+    spec = ValidateSpec(fidelity=FidelityGate(cosine_min=0.99, rel_l2_max=0.2, slices=[SCORES]))
+    comparisons = compare_outputs(base, edited, spec)
+    verdicts = {g.name: g.passed for g in fidelity_gates(comparisons, spec)}
+    assert verdicts == {"fidelity.out.finite": True, "fidelity.out.cosine": True, "fidelity.out.rel_l2": True,
+                        "fidelity.scores.cosine": False}
+    assert compare_outputs(base, base, spec)[1].rel_l2 == 0.0
+
+
+@pytest.mark.parametrize(("part", "key", "fragment"), [
+    ({"stop": 11}, "stop", "stop 11 is past axis 1 of output 'out', which has 10"),
+    ({"start": 10, "stop": None}, "start", "start 10 is past axis 1 of output 'out', which has 10"),
+    ({"axis": 2}, "axis", "output 'out' has 2 axes"),
+    ({"output": "logits"}, "output", "'logits' is not an output of the baseline; its outputs: out"),
+    ({"name": "out"}, "name", "'out' is already an output's name"),
+])
+def test_check_refuses_a_slice_that_does_not_fit_the_baseline(temper, tmp_path, part, key, fragment):
+    recipe = _recipe(tmp_path, {"slices": [{"output": "out", "axis": 1, "start": 0, "stop": 4, "cosine_min": 0.9},
+                                           {**SCORES, **part}]})
+    for command in ("check", "run"):
+        result = temper(command, recipe, *(["--output", tmp_path / "out"] if command == "run" else []))
+        assert result.code == 2, (result.code, result.stderr)
+        line = result.stderr.strip()
+        assert "\n" not in line and line.startswith(f"error: {recipe}: validate.fidelity.slices[1].{key}: "), line
+        assert fragment in line, line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("part", "key", "fragment"), [
+    ({"stop": 4}, "validate.fidelity.slices[0]", "stop 4 is not past start 4"),
+    ({"cosine_min": None}, "validate.fidelity.slices[0]", "a slice needs a bound to gate on"),
+])
+def test_a_slice_without_extent_or_bound_is_bad_input(temper, tmp_path, part, key, fragment):
+    recipe = _recipe(tmp_path, {"slices": [{**SCORES, **part}]})
+    result = temper("check", recipe)
+    assert result.code == 2 and result.stderr.strip().startswith(f"error: {recipe}: {key}: "), result.stderr
+    assert fragment in result.stderr
+
+
+def test_two_slices_with_one_name_are_bad_input(temper, tmp_path):
+    recipe = _recipe(tmp_path, {"slices": [SCORES, {**SCORES, "start": 5}]})
+    result = temper("check", recipe)
+    assert result.code == 2 and "two slices are named 'scores'" in result.stderr, result.stderr
+    assert result.stderr.strip().startswith(f"error: {recipe}: validate.fidelity: ")

@@ -56,3 +56,32 @@ def test_without_min_speedup_only_a_candidate_faster_on_its_interval_beats_the_b
     for name in report["candidates"]:  # every candidate not selected over the baseline shows why in numbers
         if name != report["selected"] and name in passing and name not in faster:
             assert at_ranking_size(name)["speedup_interval"][0] <= 1.0
+
+
+def test_fastest_passing_without_any_speed_measured_selects_the_baseline_and_says_so(temper, tmp_path):
+    """No validate.throughput: nothing shows the fp16 candidate faster, so it is not published over FP32."""
+    from tests.validators.test_gate_errors import _recipe, _write
+
+    recipe = _write(tmp_path, _recipe(tmp_path, {"accuracy": {"metric": "top1", "max_drop": 0.5}}))
+    out = tmp_path / "out"
+    result = temper("run", recipe, "--output", out)
+    assert result.code == 0, result.stderr
+    report = read_report(out)
+    assert report["candidates"]["fp16"]["passed"] and report["speed_policy"] is None
+    assert (report["selected"], report["passed"]) == ("baseline", False)
+    assert "fp16 passed every gate but speed was not measured (no validate.throughput)" in report["selection_reason"]
+    assert "selected: baseline" in result.stdout and "speed was not measured" in result.stdout
+
+
+def test_smallest_passing_selects_a_candidate_smaller_than_the_baseline(temper, tmp_path):
+    from tests.validators.test_gate_errors import _recipe, _write
+
+    data = _recipe(tmp_path, {"accuracy": {"metric": "cosine", "max_drop": 0.5}}, width=64)
+    data["select"] = "smallest-passing"
+    recipe = _write(tmp_path, data)
+    out = tmp_path / "out"
+    assert temper("run", recipe, "--output", out).code == 0
+    report = read_report(out)
+    fp16, baseline = report["candidates"]["fp16"], out / "baseline" / "model.onnx"
+    assert fp16["passed"] and fp16["bytes"] < baseline.stat().st_size  # FP16 weights: half the bytes
+    assert (report["selected"], report["selection_reason"]) == ("fp16", None)

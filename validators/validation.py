@@ -23,7 +23,7 @@ from temper.validators.evaluate import predict
 from temper.validators.fidelity import compare, fidelity_gates
 from temper.validators.gates import Gate, Verdict, at_most, select
 from temper.validators.speedup import Speedup, estimate
-from temper.validators.throughput import Measurement, batch_of, measure, session_for
+from temper.validators.throughput import Measurement, batch_of, measure, session_for, tuned_session
 
 
 class Searched(Protocol):
@@ -189,7 +189,8 @@ def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.n
     slice_s = spec.duration_s / ROUNDS
     most_rounds = max(ROUNDS, round(spec.budget_s / slice_s))
     for provider in spec.providers:
-        sessions = {name: session_for(path, provider) for name, path in models.items()}
+        progress(f"throughput › {provider}: sessions and thread choice for {', '.join(models)}")
+        sessions = {name: tuned_session(path, provider, sample) for name, path in models.items()}
         for size in spec.batch_sizes:
             progress(f"throughput › {provider} batch {size}: {', '.join(models)}")
             bench = Bench(provider, size, {name: {} for name in models})

@@ -187,13 +187,13 @@ def measure(
     """Warm up for `warmup_s` (at least one call), then time calls until `duration_s` has elapsed.
 
     `session` lets a caller that measures the same model repeatedly (interleaved slices) create
-    it once; without it, tuned_session makes the serving runtime's thread choice. The figure
-    records the settings read back from the session itself. RSS is read during warm-up and after
+    it once (the gates and `temper bench` pass tuned_session's); without it, default_settings().
+    The figure records the settings read back from the session itself. RSS is read during warm-up and after
     the timed loop, never inside it: reading it is a syscall the loop would otherwise time. ORT's
     arenas keep what a call allocated, so steady state is what the reads see.
     """
     feed = batch_of(load_structure(path), sample, batch_size)
-    session = session or tuned_session(path, provider, sample)
+    session = session or session_for(path, provider)
     call = _bound_call(session, feed, "cpu" if provider == "cpu" else "cuda")
 
     peak = _rss_mb()

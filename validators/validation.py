@@ -76,12 +76,12 @@ class Validation:
     allowed_drop: float | None
     baseline_throughput: list[Measurement]
     candidates: list[CandidateResult]
-    selected: str  # a candidate, or "baseline" when none passed
+    selected: str  # a candidate, or "baseline" when none passed or none that passed beat it
     reason: str | None  # why the baseline was selected
 
     @property
     def passed(self) -> bool:
-        """A candidate passed every gate (otherwise the baseline is the selection)."""
+        """A candidate was selected: it passed every gate and beat the baseline (gates.select)."""
         return self.reason is None
 
 

@@ -4,6 +4,7 @@ serving runtime loads and the Triton exporter reads. Imports nothing from pipeli
     <bundle>/
       model.onnx      the selected candidate
       runtime.json    ServingConfig: tensors, batching limits, padding, the host speed was measured on
+                      and the session settings it was measured with
       report.json     the gate verdicts that let it ship (optional)
       manifest.json   its lineage (optional)
 """
@@ -19,6 +20,7 @@ import onnx
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from temper.artifacts.host import HostProfile
+from temper.artifacts.session import SessionSettings
 
 MODEL = "model.onnx"
 CONFIG = "runtime.json"
@@ -54,6 +56,12 @@ class ServingConfig(BaseModel):
     measured_on: HostProfile | None = Field(
         None,
         description="the host the bundle's speed gates were measured on; serving warns on a host lacking its features",
+    )
+    session: SessionSettings | None = Field(
+        None,
+        description="the ONNX Runtime session settings the speed gates measured this model with (threads chosen "
+                    "there); serving runs exactly these, choosing threads again only on a host with fewer usable "
+                    "cores. null: nothing was measured, serving chooses threads at start",
     )
 
 

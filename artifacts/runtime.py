@@ -9,9 +9,11 @@ its sessions (artifacts/engines.py), the batcher and its batching rule (artifact
 the request counters (artifacts/counters.py). The exceptions it raises are in artifacts/errors.py
 and importable from here, where callers have always found them.
 
-Start-up times a batch-1 run with one intra-op thread and with all usable cores on the CPU engine
-and keeps the faster; a model whose run is shorter than INLINE_MAX_MS may run a lone request on
-the caller's thread (see artifacts/batcher.py).
+The session is built from runtime.json's `session` (artifacts/session.py), the settings the speed
+gates measured the model with, threads included. Only without them (nothing was measured), or on a
+host with fewer usable cores than they name (logged), does start-up choose the thread count itself,
+the way the gates did (engines.choose_threads). A model whose batch-1 run is shorter than
+INLINE_MAX_MS may run a lone request on the caller's thread (see artifacts/batcher.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from temper.artifacts.bundle import MODEL, ServingConfig, read
 from temper.artifacts.counters import Counters
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.host import HostProfile, profile, usable_cores
+from temper.artifacts.session import SessionSettings
 
 __all__ = ["INLINE_MAX_MS", "Overloaded", "RequestError", "RequestTimeout", "Runtime", "Stopped"]
 
@@ -55,12 +58,11 @@ class Runtime:
         fixed_batch = {s.shape[0] for s in self.config.inputs if s.shape and s.shape[0] > 0}
         self._fixed_batch = min(fixed_batch) if fixed_batch else None
         self.max_rows = min([self.config.max_batch_size, *fixed_batch])
-        self.intra_op_threads = usable_cores()  # start() may settle on 1 (CPU engine only)
         self.host_warning: str | None = _host_warning(self.config.measured_on)  # once: profile() probes the host
         if self.host_warning:
             log.warning("%s: %s", self.config.name, self.host_warning)
-        self._session, self.engine = engines.load(self.bundle / MODEL, providers, self.intra_op_threads,
-                                                  self.config.name)
+        self.settings, self._choose = _settings(self.config)  # start() chooses threads when _choose
+        self._session, self.engine = engines.load(self.bundle / MODEL, providers, self.settings, self.config.name)
         self._output_names = [o.name for o in self._session.get_outputs()]
         self.batch1_ms: float | None = None  # median run of the smallest batch (1 unless fixed), timed by start()
         self.inline = False  # start() sets it when batch1_ms < INLINE_MAX_MS
@@ -69,26 +71,26 @@ class Runtime:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def _tune(self) -> None:
-        """Time the smallest batch; on the CPU engine with several cores, also on a one-thread
-        session, and keep the faster. Then decide whether requests may run inline.
+    @property
+    def intra_op_threads(self) -> int:
+        return self.settings.intra_op_threads
 
-        Neither thread count wins everywhere: one thread gave the digits CNN +23% at 32 clients
-        (no per-operator wake-up of sleeping threads) but halves a 2.7 ms CNN. Batch 1 is timed
-        because that is what the difference shows on, and what an inline run executes.
-        """
+    def _tune(self) -> None:
+        """Time the smallest batch, and on the CPU engine, when runtime.json recorded no thread choice
+        this host can honour, choose the thread count as the speed gates do (engines.choose_threads).
+        Then decide whether requests may run inline."""
         inputs = self._warmup_inputs(self._fixed_batch or 1)
-        sessions = [self._session]
-        if self.engine == "cpu" and self.intra_op_threads > 1:
-            sessions.append(engines.open_session(self.bundle / MODEL, [engines.CPU], 1))
-        times = engines.median_runs_s(sessions, inputs)
-        best = min(range(len(sessions)), key=times.__getitem__)
-        if best:
-            self._session, self.intra_op_threads = sessions[best], 1
-        self.batch1_ms = times[best] * 1000
+        if self.engine == "cpu" and self._choose:
+            self._session, self.settings, times = engines.choose_threads(
+                self.bundle / MODEL, self._session, self.settings, inputs, [engines.CPU])
+            self.batch1_ms = min(times) * 1000
+        else:
+            times = engines.median_runs_s([self._session], inputs)
+            self.batch1_ms = times[0] * 1000
         self.inline = self.batch1_ms < INLINE_MAX_MS
-        log.info("%s: batch-1 run %s ms -> intra_op_threads=%d, inline runs %s", self.config.name,
-                 " vs ".join(f"{t * 1000:.3f}" for t in times), self.intra_op_threads, "on" if self.inline else "off")
+        log.info("%s: batch-1 run %s ms -> intra_op_threads=%d (%s), inline runs %s", self.config.name,
+                 " vs ".join(f"{t * 1000:.3f}" for t in times), self.intra_op_threads,
+                 "chosen here" if self._choose else "as runtime.json records", "on" if self.inline else "off")
 
     def warm_up(self) -> None:
         """Run every batch size the batcher can form once, so no request pays for a first run.
@@ -219,6 +221,22 @@ class Runtime:
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One run on the current session, looked up per call because _tune may replace it."""
         return dict(zip(self._output_names, self._session.run(self._output_names, inputs)))
+
+
+def _settings(config: ServingConfig) -> tuple[SessionSettings, bool]:
+    """The session settings to start from, and whether start-up still has to choose the thread count:
+    runtime.json's as recorded, unless this host has fewer usable cores than they name (then all
+    usable cores, chosen again, with one log line); without any, all usable cores, chosen at start."""
+    cores = usable_cores()
+    recorded = config.session
+    if recorded is None:
+        return SessionSettings(intra_op_threads=cores), True
+    if recorded.intra_op_threads > cores:
+        log.warning("%s: runtime.json records %d intra-op threads, chosen where the speed gates measured, but this "
+                    "host has %d usable cores: choosing the thread count again", config.name,
+                    recorded.intra_op_threads, cores)
+        return recorded.model_copy(update={"intra_op_threads": cores}), True
+    return recorded, False
 
 
 def _host_warning(measured_on: HostProfile | None) -> str | None:

@@ -16,6 +16,10 @@ batch: Triton's `max_batch_size: 0` means exactly that, dims then spell the full
 batch dim included, and there is no dynamic batcher (Triton has nothing to batch), so
 runtime.json's batching, queue and timeout settings do not apply.
 
+The session settings the speed gates measured with (runtime.json `session`) become the backend's
+`intra_op_thread_count`, `execution_mode` and `optimization.graph.level`; intra-op spinning has no
+backend setting, so Triton's sessions spin as ONNX Runtime does by default.
+
 Two differences from temper's own batcher worth knowing: Triton waits up to
 `max_queue_delay_microseconds` for a full batch even when nothing else is queued (delay is
 pure latency at concurrency 1; set `max_delay_ms: 0` where that matters), and its queue
@@ -34,6 +38,7 @@ import onnx
 from temper.artifacts.bundle import CONFIG as BUNDLE_CONFIG
 from temper.artifacts.bundle import MODEL, ServingConfig, TensorSpec, read
 from temper.artifacts.folders import MARKER, mark, replaceable
+from temper.artifacts.session import SessionSettings
 
 CONFIG = "config.pbtxt"
 VERSION = "1"
@@ -149,9 +154,29 @@ def _model_config(config: ServingConfig, platform: str, instances: int, kind: st
                 "max_queue_size": config.max_queue,
             },
         }
+    if config.session is not None and platform == "onnxruntime_onnx":
+        fields |= _session(config.session)
     sizes = sorted({1, config.max_batch_size}) if batching else [1]
     fields["model_warmup"] = [_warmup(config.inputs, size, batching) for size in sizes]
     return fields
+
+
+# Triton's onnxruntime backend spells the graph optimization level its own way (src/onnxruntime.cc):
+# -1 basic, 1 basic + extended, 2 none, anything else (0) all.
+TRITON_GRAPH_LEVELS = {"basic": -1, "extended": 1, "disable": 2, "all": 0}
+
+
+def _session(settings: SessionSettings) -> dict:
+    """The gated session settings in the terms Triton's onnxruntime backend reads: the graph level,
+    sequential execution and the intra-op thread count. The backend has no setting for intra-op
+    spinning, so Triton runs ONNX Runtime's default there (spinning on)."""
+    return {
+        "optimization": {"graph": {"level": TRITON_GRAPH_LEVELS[settings.graph_optimization]}},
+        "parameters": [
+            {"key": "intra_op_thread_count", "value": {"string_value": str(settings.intra_op_threads)}},
+            {"key": "execution_mode", "value": {"string_value": "0"}},
+        ],
+    }
 
 
 def _dims(spec: TensorSpec, batching: bool) -> list[int]:

@@ -173,7 +173,8 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
         recipe = json.loads((output / MANIFEST).read_text())["recipe"]["resolved"]
         publish = recipe.get("publish") or {}
         name = (publish.get("mlflow") or {}).get("registered_model") or recipe["name"]
+        gated = report.session_of(path.name) if report and path.name in {"baseline", *report.candidates} else None
         return path, config_for(path / MODEL_FILE, name, measured_on=report.host if report else None,
-                                **(publish.get("serving") or {}))
+                                session=gated, **(publish.get("serving") or {}))
     except Exception as exc:  # a failed candidate (no model), a damaged manifest or report
         raise ValueError(f"cannot serve it from its run: {first_line(exc)}") from exc

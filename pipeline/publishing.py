@@ -73,7 +73,7 @@ def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str
             model = folder / selected / MODEL_FILE
             tags |= _version_tags(loaded, report, selected, model)
             config = bundle.config_for(model, spec.mlflow.registered_model, measured_on=host,
-                                       **spec.serving.model_dump())
+                                       session=report.session_of(selected), **spec.serving.model_dump())
             packed = bundle.write(Path(tmp) / "bundle", model, config, [folder / REPORT_FILE, folder / MANIFEST])
             run_id, model_uri = record_run(
                 client, experiment=spec.mlflow.experiment, run_name=spec.mlflow.registered_model,

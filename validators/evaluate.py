@@ -7,7 +7,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from temper.pipeline.onnx_io import dims, fit_batch, load_structure, session
+from temper.artifacts.host import usable_cores
+from temper.artifacts.session import CPU, SessionSettings, open_session
+from temper.pipeline.onnx_io import dims, fit_batch, load_structure
 
 
 def predict(path: Path, features: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
@@ -16,10 +18,12 @@ def predict(path: Path, features: dict[str, np.ndarray], batch_size: int) -> dic
     A model with a fixed batch dim (a fixed-shape candidate) runs in chunks of exactly that
     size; its last partial chunk is padded with copies of the last row and the padded rows'
     outputs are dropped, so every candidate is scored on the same rows as the baseline.
-    Float16 outputs come back as float32 so metrics compare like with like.
+    Float16 outputs come back as float32 so metrics compare like with like. The session is built
+    from the same settings serving starts from (artifacts/session.py), graph optimizations included,
+    so the outputs the gates score are the outputs the served model gives.
     """
     model = load_structure(path)
-    sess = session(path)
+    sess = open_session(path, SessionSettings(intra_op_threads=usable_cores()), [CPU])
     names = [o.name for o in sess.get_outputs()]
     fixed = _fixed_batch(model)
     step = fixed or batch_size

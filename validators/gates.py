@@ -1,9 +1,17 @@
-"""Gate verdicts and the selection rule: pure functions of measured numbers, no models or I/O."""
+"""Gate verdicts and the selection rule: pure functions of measured numbers, no models or I/O.
+
+The FP32 baseline always takes part in selection: a candidate that passed every gate is selected
+over it only with evidence that it is better by the rule's own measure. For `fastest-passing`
+that is a speedup interval (at the ranking batch size) lying wholly above 1.0, since an interval
+straddling 1.0 is no evidence of being faster; for `smallest-passing`, a smaller file.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from temper.validators.speedup import Speedup
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,7 @@ class Verdict:
     gates: list[Gate] = field(default_factory=list)
     bytes: int | None = None
     speed: float | None = None  # samples/s used to rank (largest batch size, first provider)
+    speedup: Speedup | None = None  # over the baseline at that batch size and provider, with its interval
 
     @property
     def passed(self) -> bool:
@@ -50,14 +59,24 @@ def at_most(name: str, measured: float, maximum: float, what: str) -> Gate:
     return Gate(name, ok, measured, maximum, f"{what} {measured:.4g} {'<=' if ok else '>'} {maximum:.4g}")
 
 
-def select(verdicts: list[Verdict], rule: str) -> str | None:
-    """`fastest-passing`: most samples/s (unmeasured speed ranks last); ties and `smallest-passing`: smaller file.
-    None when no candidate passed (the caller falls back to the baseline)."""
-    passing = [v for v in verdicts if v.passed]
-    if not passing:
+def beats_baseline(verdict: Verdict, rule: str, baseline_bytes: int | None) -> bool:
+    """Whether `verdict` is evidently better than the baseline by `rule`'s measure: for `fastest-passing`
+    the low end of its speedup interval is above 1.0 (unmeasured or inconclusive is not evidence);
+    for `smallest-passing` its file is smaller than the baseline's."""
+    if rule == "fastest-passing":
+        return verdict.speedup is not None and verdict.speedup.low is not None and verdict.speedup.low > 1.0
+    return verdict.bytes is not None and baseline_bytes is not None and verdict.bytes < baseline_bytes
+
+
+def select(verdicts: list[Verdict], rule: str, baseline_bytes: int | None) -> str | None:
+    """The candidate that passed every gate and beats the baseline (beats_baseline), best by `rule`:
+    `fastest-passing` most samples/s, ties to the smaller file; `smallest-passing` the smaller file,
+    ties to the faster. None: the baseline is the selection (the caller says why)."""
+    eligible = [v for v in verdicts if v.passed and beats_baseline(v, rule, baseline_bytes)]
+    if not eligible:
         return None
     if rule == "fastest-passing":
-        best = min(passing, key=lambda v: (-(v.speed or 0.0), v.bytes or 0))
+        best = min(eligible, key=lambda v: (-(v.speed or 0.0), v.bytes or 0))
     else:
-        best = min(passing, key=lambda v: (v.bytes or 0, -(v.speed or 0.0)))
+        best = min(eligible, key=lambda v: (v.bytes or 0, -(v.speed or 0.0)))
     return best.name

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import GenerateJsonSchema
 
 from temper.artifacts.host import HostProfile
+from temper.artifacts.session import SessionSettings
 from temper.pipeline.recipe import Provider
 
 SCHEMA_VERSION = 3
@@ -111,6 +112,10 @@ class Measurement(_Model):
     rounds: int = Field(ge=1, description="interleaved slices this figure is the median of")
     spread_pct: float | None = Field(ge=0, description="(fastest - slowest slice) / median, in %")
     load: Load | None
+    session: SessionSettings | None = Field(
+        description="the ONNX Runtime session settings this figure was measured with, read back from the session "
+                    "(threads chosen per model as serving chooses them); a published bundle's runtime.json records "
+                    "the selected model's")
 
 
 class CandidateMeasurement(Measurement):
@@ -229,8 +234,16 @@ class Report(_Model):
         description="candidates whose options listed alternatives: the combinations built")
     select: Literal["fastest-passing", "smallest-passing"]
     selected: str = Field(description="the selected candidate, or baseline when no candidate passed")
-    selection_reason: str | None = Field(description="why the baseline was selected (null when a candidate was)")
-    passed: bool = Field(description="a candidate passed every gate")
+    selection_reason: str | None = Field(description="why the baseline was selected (null when a candidate was): no "
+                                                     "candidate passed every gate, or none that did beat the baseline")
+    passed: bool = Field(description="a candidate was selected: it passed every gate and beat the baseline "
+                                     "(false: the baseline is selected, selection_reason says why)")
+
+    def session_of(self, name: str) -> SessionSettings | None:
+        """The session settings `name` (a candidate or baseline) was measured with on the first provider
+        measured: what its serving bundle records. None when nothing was measured."""
+        figures = self.baseline.throughput if name == "baseline" else self.candidates[name].throughput
+        return figures[0].session if figures else None
 
 
 def dumps(report: Report) -> str:

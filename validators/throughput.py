@@ -12,13 +12,16 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import psutil
 
+from temper.artifacts.engines import choose_threads
 from temper.artifacts.host import usable_cores
+from temper.artifacts.session import SessionSettings, open_session, settings_of
 from temper.pipeline.errors import EnvironmentProblem, OptionError
 from temper.pipeline.onnx_io import dims, load_structure
 from temper.pipeline.recipe import Provider
@@ -47,6 +50,7 @@ class Measurement:
     rounds: int = 1  # interleaved slices this figure is the median of
     spread_pct: float | None = None  # (fastest - slowest slice) / median, in %: the noise across rounds
     load: dict[str, float | None] | None = None  # artifacts.host.Load while it was measured
+    session: dict[str, Any] | None = None  # artifacts.session.SessionSettings the session really ran with
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -64,16 +68,20 @@ def require_available(provider: str) -> None:
         )
 
 
-def session_for(path: Path, provider: str) -> ort.InferenceSession:
-    """A session whose graph runs on `provider`; onnxruntime-gpu falls back to CPU silently, so check."""
+def default_settings() -> SessionSettings:
+    """The settings a model starts from wherever it runs: all usable cores (CPU affinity and the
+    container's quota), idle threads sleeping, every graph optimization (artifacts/session.py)."""
+    return SessionSettings(intra_op_threads=usable_cores())
+
+
+def session_for(path: Path, provider: str, settings: SessionSettings | None = None) -> ort.InferenceSession:
+    """A session built from `settings` (default_settings()) whose graph runs on `provider`;
+    onnxruntime-gpu falls back to CPU silently, so check."""
     require_available(provider)
     wanted, available = PROVIDERS[provider], ort.get_available_providers()
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = usable_cores()  # what the serving runtime starts from too
     # CUDA after TensorRT keeps the nodes TensorRT does not take on the GPU rather than the CPU.
     chain = [wanted, PROVIDERS["cuda"]] if provider == "tensorrt" and PROVIDERS["cuda"] in available else [wanted]
-    session = ort.InferenceSession(str(path), options, providers=chain)
+    session = open_session(path, settings or default_settings(), chain)
     if wanted not in session.get_providers():
         raise EnvironmentProblem(
             f"provider '{provider}' requested but onnxruntime did not activate {wanted} "
@@ -81,6 +89,21 @@ def session_for(path: Path, provider: str) -> ort.InferenceSession:
             "libraries this onnxruntime-gpu needs and that a GPU is visible"
         )
     return session
+
+
+def tuned_session(path: Path, provider: str, sample: dict[str, np.ndarray]) -> ort.InferenceSession:
+    """The session `path` is measured with on `provider`, threads chosen once for this model exactly as
+    the serving runtime chooses them on its CPU engine (artifacts.engines.choose_threads, batch-1 rows
+    of `sample`); on a GPU provider, default_settings() as serving uses there. A bundle records the
+    kept session's settings (Measurement.session), so serving runs what was measured."""
+    session = session_for(path, provider)
+    if provider != "cpu":
+        return session
+    structure = load_structure(path)
+    fixed = next((s[0] for s in dims(structure).values() if s and isinstance(s[0], int) and s[0] > 0), None)
+    kept, _, _ = choose_threads(path, session, default_settings(), batch_of(structure, sample, fixed or 1),
+                                [PROVIDERS["cpu"]])
+    return kept
 
 
 def fits_in_memory(sample: dict[str, np.ndarray], batch_size: int) -> str | None:
@@ -164,9 +187,10 @@ def measure(
     """Warm up for `warmup_s` (at least one call), then time calls until `duration_s` has elapsed.
 
     `session` lets a caller that measures the same model repeatedly (interleaved slices) create
-    it once. RSS is read during warm-up and after the timed loop, never inside it: reading it
-    is a syscall the loop would otherwise time. ORT's arenas keep what a call allocated, so
-    steady state is what the reads see.
+    it once (the gates and `temper bench` pass tuned_session's); without it, default_settings().
+    The figure records the settings read back from the session itself. RSS is read during warm-up and after
+    the timed loop, never inside it: reading it is a syscall the loop would otherwise time. ORT's
+    arenas keep what a call allocated, so steady state is what the reads see.
     """
     feed = batch_of(load_structure(path), sample, batch_size)
     session = session or session_for(path, provider)
@@ -202,6 +226,7 @@ def measure(
         latency_ms={f"p{p}": float(q) for p, q in zip(_PERCENTILES, quantiles)},
         peak_rss_mb=peak,
         gpu_mem_mb=None,
+        session=settings_of(session).model_dump(),
     )
 
 

@@ -17,13 +17,13 @@ from temper.artifacts.host import HostProfile, Load, LoadMeter, profile
 from temper.calibration.sources import Dataset
 from temper.pipeline import onnx_io
 from temper.pipeline.errors import RecipeError
-from temper.pipeline.recipe import ValidateSpec
+from temper.pipeline.recipe import ThroughputSpec, ValidateSpec
 from temper.validators import report_model, scoring
 from temper.validators.evaluate import predict
 from temper.validators.fidelity import compare_outputs, fidelity_gates
 from temper.validators.gates import Gate, Verdict, at_most, select
 from temper.validators.speedup import Speedup, estimate
-from temper.validators.throughput import Measurement, batch_of, measure, session_for
+from temper.validators.throughput import Measurement, batch_of, measure, session_for, tuned_session
 
 
 class Searched(Protocol):
@@ -76,12 +76,12 @@ class Validation:
     allowed_drop: float | None
     baseline_throughput: list[Measurement]
     candidates: list[CandidateResult]
-    selected: str  # a candidate, or "baseline" when none passed
+    selected: str  # a candidate, or "baseline" when none passed or none that passed beat it
     reason: str | None  # why the baseline was selected
 
     @property
     def passed(self) -> bool:
-        """A candidate passed every gate (otherwise the baseline is the selection)."""
+        """A candidate was selected: it passed every gate and beat the baseline (gates.select)."""
         return self.reason is None
 
 
@@ -125,9 +125,10 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
         result.throughput = [_speed(bench, name, spec) for bench in benches]
         result.verdict.gates += [g for bench, (_, up) in zip(benches, result.throughput)
                                  if (g := _speed_gate(bench, up, spec)) is not None]
-        result.verdict.speed = _rank_speed([m for m, _ in result.throughput], spec)
-    selected = select([r.verdict for r in results], subject.rule)
-    reason = None if selected else why_baseline(results, host, subject.precisions)
+        result.verdict.speed, result.verdict.speedup = _rank_speed(result.throughput, spec)
+    base_bytes = subject.baseline.stat().st_size
+    selected = select([r.verdict for r in results], subject.rule, base_bytes)
+    reason = None if selected else why_baseline(results, host, subject.precisions, subject.rule, spec, base_bytes)
     return Validation(subject, host, ref.metric.name if ref else None, ref.value if ref else None,
                       ref.allowed if ref else None, [bench.figure("baseline") for bench in benches], results,
                       selected or "baseline", reason)
@@ -178,8 +179,9 @@ def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.n
                progress: Progress) -> list[Bench]:
     """Throughput of every model, side by side: for each provider and batch size the models take turns
     in slices of duration_s / ROUNDS on sessions created once, in an order that rotates every round.
-    After ROUNDS rounds, the baseline and the candidates whose speed gate is still undecided go on,
-    round by round, until each is decided or has been timed for the recipe's budget."""
+    After ROUNDS rounds, the baseline and the candidates still undecided (a speed gate, or at the ranking
+    size whether they beat the baseline at all) go on, round by round, until each is decided or has been
+    timed for the recipe's budget."""
     spec = subject.spec.throughput
     if spec is None:
         return []
@@ -187,7 +189,8 @@ def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.n
     slice_s = spec.duration_s / ROUNDS
     most_rounds = max(ROUNDS, round(spec.budget_s / slice_s))
     for provider in spec.providers:
-        sessions = {name: session_for(path, provider) for name, path in models.items()}
+        progress(f"throughput › {provider}: sessions and thread choice for {', '.join(models)}")
+        sessions = {name: tuned_session(path, provider, sample) for name, path in models.items()}
         for size in spec.batch_sizes:
             progress(f"throughput › {provider} batch {size}: {', '.join(models)}")
             bench = Bench(provider, size, {name: {} for name in models})
@@ -201,8 +204,8 @@ def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.n
                                                          session=sessions[name])
                 if round_ + 1 < ROUNDS:
                     continue
-                undecided = [name for name in active if name != "baseline" and size in spec.gated_sizes
-                             and estimate(bench.ratios(name), spec.confidence).decide(spec.min_speedup) == "undecided"]
+                undecided = [name for name in active if name != "baseline"
+                             and _undecided(estimate(bench.ratios(name), spec.confidence), size, provider, spec)]
                 if not undecided:
                     break
                 if round_ + 1 < most_rounds:
@@ -212,6 +215,14 @@ def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.n
             bench.load = meter.read()
             benches.append(bench)
     return benches
+
+
+def _undecided(up: Speedup, size: int, provider: str, spec: ThroughputSpec) -> bool:
+    """Whether more rounds could settle something: a speed gate at `size`, or, at the ranking batch
+    size and provider, whether the candidate is faster than the baseline at all (selection's rule)."""
+    gate = size in spec.gated_sizes and up.decide(spec.min_speedup) == "undecided"
+    ranking = (provider, size) == (spec.providers[0], max(spec.batch_sizes)) and up.decide(1.0) == "undecided"
+    return gate or ranking
 
 
 def _speed(bench: Bench, name: str, spec: ValidateSpec) -> tuple[Measurement, Speedup]:
@@ -242,21 +253,28 @@ def _speed_gate(bench: Bench, up: Speedup, spec: ValidateSpec) -> Gate | None:
                 f"{'a pass' if counted else 'a failure'} (validate.throughput.inconclusive)", "inconclusive", interval)
 
 
-def _rank_speed(mine: list[Measurement], spec: ValidateSpec) -> float | None:
-    """The ranking figure: samples/s at the largest batch size on the first provider."""
+def _rank_speed(mine: list[tuple[Measurement, Speedup]], spec: ValidateSpec) -> tuple[float | None, Speedup | None]:
+    """The ranking figure, samples/s at the largest batch size on the first provider, and the speedup
+    over the baseline there (the interval selection asks to lie above 1.0)."""
     if not mine or spec.throughput is None:
-        return None
+        return None, None
     key = (spec.throughput.providers[0], max(spec.throughput.batch_sizes))
-    return next(m.samples_per_s for m in mine if (m.provider, m.batch_size) == key)
+    return next((m.samples_per_s, up) for m, up in mine if (m.provider, m.batch_size) == key)
 
 
-def why_baseline(results: list[CandidateResult], host: HostProfile, precisions: dict[str, str]) -> str:
-    """One line: no candidate passed, so the FP32 baseline is the honest answer; each candidate's first
-    failed gate, and what about this host explains a speed miss."""
+def why_baseline(results: list[CandidateResult], host: HostProfile, precisions: dict[str, str],
+                 rule: str = "fastest-passing", spec: ValidateSpec | None = None,
+                 baseline_bytes: int | None = None) -> str:
+    """One line: why the FP32 baseline is the honest answer. Each candidate's first failed gate, and
+    what about this host explains a speed miss; for one that passed every gate, why it does not beat
+    the baseline (gates.beats_baseline)."""
     clauses = []
     for result in results:
-        gate = next(g for g in result.verdict.gates if not g.passed)
         name = result.verdict.name
+        if result.verdict.passed:
+            clauses.append(_not_better(result.verdict, rule, spec, baseline_bytes))
+            continue
+        gate = next(g for g in result.verdict.gates if not g.passed)
         if gate.name.startswith("throughput."):
             what = (f"{name} is {gate.measured:.2f}x the baseline at batch {gate.name.rsplit('.b', 1)[1]}"
                     if gate.verdict == "fail"
@@ -267,7 +285,27 @@ def why_baseline(results: list[CandidateResult], host: HostProfile, precisions: 
             clauses.append(f"{name} did not build")
         else:
             clauses.append(f"{name} failed {gate.name} ({gate.detail})")
-    return "no candidate passed every gate on this host, so the FP32 baseline is selected: " + "; ".join(clauses)
+    if not any(r.verdict.passed for r in results):
+        return "no candidate passed every gate on this host, so the FP32 baseline is selected: " + "; ".join(clauses)
+    better = "faster than the baseline on its speedup interval" if rule == "fastest-passing" else "smaller"
+    return (f"no candidate that passed every gate is {better} ({rule}), so the FP32 baseline is selected: "
+            + "; ".join(clauses))
+
+
+def _not_better(verdict: Verdict, rule: str, spec: ValidateSpec | None, baseline_bytes: int | None) -> str:
+    """Why a candidate that passed every gate is not selected over the baseline."""
+    name = verdict.name
+    if rule == "smallest-passing":
+        return f"{name} is {verdict.bytes or 0:,} bytes, not smaller than the baseline's {baseline_bytes or 0:,}"
+    if spec is None or spec.throughput is None or verdict.speedup is None:
+        return (f"{name} passed every gate but speed was not measured (no validate.throughput), so nothing shows "
+                "it faster: add validate.throughput or use select: smallest-passing")
+    up = verdict.speedup
+    where = f"at batch {max(spec.throughput.batch_sizes)} on {spec.throughput.providers[0]}"
+    if up.low is None or up.high is None:
+        return f"{name} passed every gate but is {up.shown()} the baseline {where}, too few rounds for an interval"
+    how = "slower" if up.high < 1.0 else "not evidently faster (the interval does not lie above 1.0)"
+    return f"{name} passed every gate but is {up.shown()} the baseline {where} ({up.confidence:.0%}): {how}"
 
 
 def _host_hint(precision: str, host: HostProfile, provider: str) -> str | None:

@@ -28,12 +28,14 @@ def bench(
     """Measure samples/s and latency percentiles of one model at each batch size, on random inputs.
 
     Integer inputs get random values in [0, 100): benchmark token-id models on real data via `temper run`.
+    The session is the one `temper serve` would run: threads chosen once by a batch-1 timing (all
+    usable cores or 1), idle threads sleeping; --json records its settings with each figure.
     """
     import onnx
 
     from temper.pipeline.errors import OptionError, RecipeError, first_line
     from temper.pipeline.onnx_io import load_structure
-    from temper.validators.throughput import PROVIDERS, batch_of, fits_in_memory, measure, random_inputs
+    from temper.validators.throughput import PROVIDERS, batch_of, fits_in_memory, measure, random_inputs, tuned_session
 
     file = str(model)
     try:
@@ -75,10 +77,12 @@ def bench(
         raise RecipeError(file, "--batch-sizes", str(exc)) from None
 
     results = []
+    session = None  # made once: threads chosen as serving chooses them (validators.throughput.tuned_session)
     for size in sizes:
         try:
             with err.status(f"batch size {size} on {provider}"):
-                results.append(measure(model, sample, size, provider, duration, warmup))
+                session = session or tuned_session(model, provider, sample)
+                results.append(measure(model, sample, size, provider, duration, warmup, session=session))
         except TemperError:
             raise
         except Exception as exc:  # onnxruntime's error classes share no base; --debug keeps the cause
@@ -93,6 +97,10 @@ def bench(
     for m in results:
         quantiles = (f"{m.latency_ms[p]:.4g}" for p in ("p50", "p90", "p95", "p99"))
         table.add_row(str(m.batch_size), f"{m.samples_per_s:,.1f}", *quantiles, f"{m.peak_rss_mb:,.0f}")
-    table.caption = f"peak RSS: the whole process, not the model alone; measured on {profile().summary()}"
+    settings = results[0].session or {}
+    table.caption = (f"peak RSS: the whole process, not the model alone; measured on {profile().summary()}; "
+                     f"session: {settings.get('intra_op_threads')} intra-op threads, spinning "
+                     f"{'on' if settings.get('spinning') else 'off'}, graph optimization "
+                     f"{settings.get('graph_optimization')} (as temper serve runs it)")
     out.print(table)
 

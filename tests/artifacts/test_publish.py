@@ -35,10 +35,16 @@ def test_publish_registers_the_selected_candidate_once(temper, gated_digits, tmp
     version = client.get_model_version_by_alias("digits-cnn", "candidate")
     assert str(version.version) == "1"
     tags = version.tags
-    assert tags["candidate"] == report["selected"]
-    assert tags["precision"] in {"fp16", "int8-static", "int8-dynamic"}
+    selected = report["selected"]
+    assert tags["candidate"] == selected
+    # A candidate is published only when it beat the baseline on its speedup interval (the selection
+    # rule); on a loaded host that may not hold, and then the FP32 baseline is, with its reason.
+    if selected == "baseline":
+        assert tags["precision"] == "fp32" and tags["gates"] == f"baseline: {report['selection_reason']}"
+    else:
+        assert tags["precision"] == report["candidates"][selected]["precision"]
+        assert "accuracy=pass" in tags["gates"]
     assert tags["model_sha256"] and tags["recipe_sha256"] and tags["onnxruntime_version"]
-    assert "accuracy=pass" in tags["gates"]
     run = client.get_run(version.run_id)
     assert run.data.params["model.factory"] == "digits_model.py:build"
     assert f"{report['selected']}.drop" in run.data.metrics

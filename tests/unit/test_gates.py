@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from temper.validators.gates import Gate, Verdict, at_least, at_most, select
+from temper.validators.gates import Gate, Verdict, at_least, at_most, beats_baseline, select
+from temper.validators.speedup import Speedup, estimate
+
+BASE_BYTES = 100  # the baseline's file size in the selection tests
+FASTER = Speedup(1.5, 1.3, 1.7, 5, 0.95)  # an interval wholly above 1.0
 
 
-def _candidate(name: str, passed: bool = True, speed: float | None = None, size: int | None = None) -> Verdict:
-    return Verdict(name, [Gate("build", passed, None, None, "")], bytes=size, speed=speed)
+def _candidate(name: str, passed: bool = True, speed: float | None = None, size: int | None = None,
+               speedup: Speedup | None = FASTER) -> Verdict:
+    return Verdict(name, [Gate("build", passed, None, None, "")], bytes=size, speed=speed, speedup=speedup)
 
 
 def test_at_least_holds_at_the_budget_and_says_so():
@@ -42,32 +47,87 @@ def test_a_verdict_without_gates_never_passes():
 
 
 def test_no_passing_candidate_selects_nothing():
-    assert select([], "fastest-passing") is None
-    assert select([_candidate("a", passed=False, speed=9e9, size=1)], "smallest-passing") is None
+    assert select([], "fastest-passing", BASE_BYTES) is None
+    assert select([_candidate("a", passed=False, speed=9e9, size=1)], "smallest-passing", BASE_BYTES) is None
 
 
 def test_fastest_passing_ignores_failing_candidates():
     verdicts = [_candidate("fast-but-failed", False, 900.0, 10), _candidate("slow", True, 100.0, 10),
                 _candidate("fast", True, 200.0, 50)]
-    assert select(verdicts, "fastest-passing") == "fast"
+    assert select(verdicts, "fastest-passing", BASE_BYTES) == "fast"
 
 
 def test_fastest_passing_breaks_a_speed_tie_by_the_smaller_file():
     verdicts = [_candidate("big", speed=100.0, size=50), _candidate("small", speed=100.0, size=10)]
-    assert select(verdicts, "fastest-passing") == "small"
+    assert select(verdicts, "fastest-passing", BASE_BYTES) == "small"
 
 
 def test_unmeasured_speed_ranks_last():
-    verdicts = [_candidate("unmeasured", speed=None, size=1), _candidate("measured", speed=0.5, size=999)]
-    assert select(verdicts, "fastest-passing") == "measured"
+    verdicts = [_candidate("unmeasured", speed=None, size=1, speedup=None), _candidate("measured", speed=0.5, size=999)]
+    assert select(verdicts, "fastest-passing", BASE_BYTES) == "measured"
 
 
 def test_smallest_passing_prefers_the_smaller_file_then_the_faster():
     verdicts = [_candidate("fast", speed=500.0, size=40), _candidate("small-slow", speed=100.0, size=20),
                 _candidate("small-fast", speed=200.0, size=20), _candidate("tiny-failed", False, 900.0, 1)]
-    assert select(verdicts, "smallest-passing") == "small-fast"
+    assert select(verdicts, "smallest-passing", BASE_BYTES) == "small-fast"
 
 
 def test_a_full_tie_keeps_recipe_order():
     verdicts = [_candidate("first", speed=100.0, size=10), _candidate("second", speed=100.0, size=10)]
-    assert select(verdicts, "fastest-passing") == "first" and select(verdicts, "smallest-passing") == "first"
+    assert select(verdicts, "fastest-passing", BASE_BYTES) == "first"
+    assert select(verdicts, "smallest-passing", BASE_BYTES) == "first"
+
+
+# --- the baseline takes part: a candidate wins over it only on evidence
+
+
+def test_a_passing_candidate_slower_than_the_baseline_is_not_selected():
+    """fp16 measured 0.85x [0.62, 1.16]: passing every gate is not enough to be published over FP32."""
+    slow = _candidate("fp16", speed=850.0, size=50, speedup=Speedup(0.85, 0.62, 1.16, 5, 0.95))
+    assert select([slow], "fastest-passing", BASE_BYTES) is None
+
+
+def test_an_interval_straddling_one_is_not_evidence_of_being_faster():
+    straddles = _candidate("noop", speed=1010.0, size=50, speedup=Speedup(1.01, 0.97, 1.05, 5, 0.95))
+    touches = _candidate("edge", speed=1100.0, size=50, speedup=Speedup(1.1, 1.0, 1.2, 5, 0.95))
+    assert straddles.passed and not beats_baseline(straddles, "fastest-passing", BASE_BYTES)
+    assert not beats_baseline(touches, "fastest-passing", BASE_BYTES)  # "above 1.0", not "from 1.0"
+    assert select([straddles, touches], "fastest-passing", BASE_BYTES) is None
+
+
+def test_a_faster_point_estimate_loses_to_a_candidate_faster_on_its_interval():
+    """The fastest by samples/s is not eligible when its interval reaches below 1.0; the evidently
+    faster one is selected even though it ranks lower."""
+    noisy = _candidate("noisy", speed=2000.0, size=50, speedup=Speedup(1.9, 0.8, 4.5, 5, 0.95))
+    steady = _candidate("steady", speed=1300.0, size=50, speedup=Speedup(1.3, 1.2, 1.4, 5, 0.95))
+    assert select([noisy, steady], "fastest-passing", BASE_BYTES) == "steady"
+
+
+def test_unmeasured_speed_or_a_single_round_is_no_evidence():
+    unmeasured = _candidate("unmeasured", speed=None, size=1, speedup=None)
+    one_round = _candidate("one-round", speed=900.0, size=1, speedup=Speedup(3.0, None, None, 1, 0.95))
+    assert select([unmeasured, one_round], "fastest-passing", BASE_BYTES) is None
+
+
+def test_a_failed_candidate_never_wins_however_fast():
+    fast_failed = _candidate("fast-failed", passed=False, speed=9e9, size=1, speedup=Speedup(9.0, 8.0, 10.0, 5, 0.95))
+    assert select([fast_failed], "fastest-passing", BASE_BYTES) is None
+
+
+def test_smallest_passing_needs_a_file_smaller_than_the_baseline():
+    same = _candidate("fixed-shape", speed=1000.0, size=BASE_BYTES, speedup=None)
+    bigger = _candidate("bigger", speed=1000.0, size=BASE_BYTES + 1, speedup=None)
+    assert select([same, bigger], "smallest-passing", BASE_BYTES) is None
+    smaller = _candidate("smaller", speed=10.0, size=BASE_BYTES - 1, speedup=Speedup(0.5, 0.4, 0.6, 5, 0.95))
+    assert select([same, bigger, smaller], "smallest-passing", BASE_BYTES) == "smaller"  # size is its measure
+
+
+def test_the_interval_decides_on_numbers_estimate_makes():
+    """End to end through the statistics: ratios all above 1 but noisy straddle 1.0; tight ones clear it."""
+    noisy = estimate([1.3, 0.8, 1.4, 0.9, 1.2], 0.95)
+    tight = estimate([1.21, 1.19, 1.2, 1.22, 1.18], 0.95)
+    assert noisy.ratio > 1.0 and noisy.low < 1.0 < tight.low
+    verdicts = [_candidate("noisy", speed=1.0, size=1, speedup=noisy), _candidate("tight", speed=0.9, size=1,
+                                                                                speedup=tight)]
+    assert select(verdicts, "fastest-passing", BASE_BYTES) == "tight"

@@ -128,6 +128,21 @@ def test_bench_json_one_entry_per_batch_size(temper: Callable, with_seq: Path) -
     assert all(e["provider"] == "cpu" and e["samples"] == e["runs"] * e["batch_size"] > 0 for e in entries)
 
 
+def test_bench_measures_the_session_serving_would_run_and_records_it(temper: Callable, dynamic: Path) -> None:
+    """One thread choice for the model (all usable cores or 1, as the runtime makes it), spinning off,
+    the same settings at every batch size."""
+    from temper.artifacts.host import usable_cores
+
+    result = temper("bench", dynamic, "--batch-sizes", "1,8", "--duration", "0.2", "--warmup", "0", "--json")
+    assert result.code == 0, result.stderr
+    sessions = [e["session"] for e in json.loads(result.stdout)]
+    assert sessions[0] == sessions[1]
+    assert sessions[0]["intra_op_threads"] in {1, usable_cores()}
+    assert (sessions[0]["spinning"], sessions[0]["graph_optimization"]) == (False, "all")
+    table = temper("bench", dynamic, "--batch-sizes", "2", "--duration", "0.2", "--warmup", "0")
+    assert "intra-op threads, spinning off, graph optimization all" in " ".join(table.stdout.split())
+
+
 def test_bench_table(temper: Callable, dynamic: Path) -> None:
     result = temper("bench", dynamic, "--batch-sizes", "2", "--duration", "0.2", "--warmup", "0")
     assert result.code == 0, result.stderr

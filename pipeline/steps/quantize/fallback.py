@@ -8,6 +8,11 @@ back down so as few nodes as possible stay float (each float island costs Q/DQ t
 (a repeated module such as `layer.3`) that is mostly float goes float whole. Every trial reuses one
 calibration, so a trial costs one graph rewrite and one evaluation.
 
+The floor: a trial that would leave fewer quantized compute nodes (the graph census) than
+`min_quantized` of the plain model's is never scored, so the budget can never be "met" by putting the
+model back in float; the search stops at the floor and the record says the budget is not reachable in
+INT8. Each trial reports its progress (trial k of n, nodes in float, quantized nodes left, its drop).
+
 The best model found is always the step's output, with `tuning.json` beside it: the one that met
 the budget with the fewest float nodes, else the one with the smallest drop (its gate then fails).
 """
@@ -15,7 +20,8 @@ the budget with the fewest float nodes, else the one with the smallest drop (its
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,7 +29,8 @@ from temper.pipeline.cache import TUNING_FILE
 from temper.pipeline.onnx_io import Batch
 from temper.pipeline.step_options import FallbackOptions, QuantizeOptions
 from temper.pipeline.steps.base import Scorer
-from temper.pipeline.steps.quantize import quantize_static, sensitivity
+from temper.pipeline.steps.quantize import census_check, quantize_static, sensitivity
+from temper.validators.census import of_file
 
 
 @dataclass(frozen=True)
@@ -35,15 +42,17 @@ class Trial:
     cosine: float
     samples_per_s: float | None
     passed: bool  # the accuracy budget and every fidelity gate hold
+    quantized: int  # quantized compute nodes left in the trial's graph (validators/census.py)
 
 
 def tune(prepared: quantize_static.Prepared, dst: Path, options: QuantizeOptions, keep_float: list[str],
-         feeds: list[Batch], scorer: Scorer, scratch: Path) -> None:
+         feeds: list[Batch], scorer: Scorer, scratch: Path, progress: Callable[[str], None] = lambda _: None) -> None:
     """Write the best model found to `dst` and its record to `dst.parent / tuning.json`."""
     assert options.fallback is not None
-    tuner = _Tuner(prepared, options, keep_float, scorer, scratch / "trial.onnx")
+    tuner = _Tuner(prepared, options, keep_float, scorer, scratch / "trial.onnx", progress)
     ranking: list[sensitivity.NodeSensitivity] = []
     if not tuner.attempt("plain", []).passed:  # ranked even with no trial left: the report shows it
+        progress(f"fallback: ranking nodes by SQNR on {options.fallback.samples} calibration samples")
         ranking = [r for r in sensitivity.rank(prepared, options, first_samples(feeds, options.fallback.samples),
                                                scratch)
                    if r.node not in keep_float]
@@ -55,35 +64,62 @@ def tune(prepared: quantize_static.Prepared, dst: Path, options: QuantizeOptions
     record = {
         "metric": scorer.metric, "baseline_metric": scorer.baseline_metric, "allowed_drop": scorer.allowed_drop,
         "met": best.passed, "best": tuner.trials.index(best), "max_trials": options.fallback.max_trials,
+        "min_quantized": options.fallback.min_quantized, "floor": tuner.floor, "floor_reached": tuner.floor_reached,
         "trials": [asdict(t) for t in tuner.trials], "ranking": [r.as_dict() for r in ranking],
     }
     (dst.parent / TUNING_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
+def count_quantized(path: Path) -> int:
+    """Quantized compute nodes in the graph at `path` (the census), what the floor counts."""
+    return of_file(path).quantized
+
+
 class _Tuner:
     def __init__(self, prepared: quantize_static.Prepared, options: QuantizeOptions, keep_float: list[str],
-                 scorer: Scorer, path: Path) -> None:
+                 scorer: Scorer, path: Path, progress: Callable[[str], None] = lambda _: None) -> None:
         self.prepared, self.options, self.keep_float = prepared, options, keep_float
-        self.scorer, self.path = scorer, path
+        self.scorer, self.path, self.progress = scorer, path, progress
         self.trials: list[Trial] = []
-        self.tried: dict[frozenset[str], Trial] = {}
+        self.tried: dict[frozenset[str], Trial | None] = {}
+        self.floor = 0  # quantized nodes a trial must keep: min_quantized of the plain model's, rounded up
+        self.floor_reached = False  # a trial was refused for leaving fewer: more float would not be INT8
 
     @property
     def done(self) -> bool:
         assert self.options.fallback is not None
         return any(t.passed for t in self.trials) or len(self.trials) >= self.options.fallback.max_trials
 
-    def attempt(self, kind: str, nodes: list[str]) -> Trial:
-        """Quantize with `nodes` kept float and score it; a set tried before costs nothing."""
+    def attempt(self, kind: str, nodes: list[str]) -> Trial | None:
+        """Quantize with `nodes` kept float and score it; a set tried before costs nothing. None: the
+        graph would keep fewer quantized nodes than the floor, so it is not scored (not a trial)."""
         key = frozenset(nodes)
         if key in self.tried:
             return self.tried[key]
+        assert self.options.fallback is not None
         quantize_static.write(self.prepared, self.path, self.options, sorted({*self.keep_float, *nodes}))
+        quantized = count_quantized(self.path)
+        if not self.trials:  # the plain model: nothing quantized is a failed build, not a trial
+            if not quantized:
+                census_check.require_quantized(self.path, "ONNX Runtime's quantizer")  # raises, saying why
+            self.floor = math.ceil(self.options.fallback.min_quantized * quantized)
+        if quantized < self.floor:
+            self.floor_reached = True
+            self.tried[key] = None
+            self.progress(f"fallback: {len(nodes)} nodes in float would leave {quantized} quantized nodes, "
+                          f"below the floor of {self.floor}: not tried")
+            return None
+        self.progress(f"fallback trial {len(self.trials) + 1} of {self.options.fallback.max_trials}: "
+                      f"{len(nodes)} nodes in float, {quantized} quantized nodes left, scoring")
         score = self.scorer.score(self.path)
         passed = score.drop <= self.scorer.allowed_drop and not score.fidelity_failed
-        trial = Trial(kind, sorted(nodes), score.metric, score.drop, score.cosine, self.scorer.speed(self.path), passed)
+        trial = Trial(kind, sorted(nodes), score.metric, score.drop, score.cosine, self.scorer.speed(self.path), passed,
+                      quantized)
         self.trials.append(trial)
         self.tried[key] = trial
+        self.progress(f"fallback trial {len(self.trials)} of {self.options.fallback.max_trials}: {len(nodes)} nodes "
+                      f"in float, {quantized} quantized nodes left, {self.scorer.metric} drop {score.drop:.4f} "
+                      f"({'meets' if passed else 'misses'} {self.scorer.allowed_drop:.4f})")
         return trial
 
     def refine(self, order: list[str], fallback: FallbackOptions) -> list[str]:
@@ -92,22 +128,41 @@ class _Tuner:
         for node in order[: fallback.refine]:
             if self.done:
                 break
-            measured[node] = self.attempt("refine", [node]).drop
+            trial = self.attempt("refine", [node])
+            if trial is not None:
+                measured[node] = trial.drop
         return sorted(measured, key=measured.__getitem__) + [n for n in order if n not in measured]
 
     def accumulate(self, order: list[str], blocks: dict[str, list[str]]) -> None:
-        """Top 1, 2, 4, ... nodes in float until the budget holds, then bisect to the fewest that hold it."""
-        failing, passing = 0, None
+        """Top 1, 2, 4, ... nodes in float until the budget holds, then bisect to the fewest that hold it.
+        A count past the floor is a ceiling: the search goes on below it, never beyond."""
+        assert self.options.fallback is not None
+        failing, passing, ceiling = 0, None, None
         for count in _doubling(len(order)):
             if self.done:
                 break
-            if self.attempt("cumulative", _whole_blocks(order[:count], blocks)).passed:
+            trial = self.attempt("cumulative", _whole_blocks(order[:count], blocks))
+            if trial is None:
+                ceiling = count
+                break
+            if trial.passed:
                 passing = count
             else:
                 failing = count
+        while (passing is None and ceiling is not None and ceiling - failing > 1
+               and len(self.trials) < self.options.fallback.max_trials):
+            middle = (failing + ceiling) // 2  # the most float nodes the floor allows, by bisection
+            trial = self.attempt("cumulative", _whole_blocks(order[:middle], blocks))
+            if trial is None:
+                ceiling = middle
+            elif trial.passed:
+                passing = middle
+            else:
+                failing = middle
         while passing is not None and passing - failing > 1 and len(self.trials) < self.options.fallback.max_trials:
             middle = (failing + passing) // 2
-            if self.attempt("cumulative", _whole_blocks(order[:middle], blocks)).passed:
+            trial = self.attempt("cumulative", _whole_blocks(order[:middle], blocks))
+            if trial is not None and trial.passed:
                 passing = middle
             else:
                 failing = middle

@@ -20,7 +20,9 @@ from temper.pipeline.errors import OptionError, StepFailed, TemperError, first_l
 from temper.pipeline.onnx_io import Batch
 from temper.pipeline.step_options import QuantizeOptions
 from temper.pipeline.steps.base import Step, StepContext, require_known
-from temper.pipeline.steps.quantize import fallback, quantize_dynamic, quantize_modelopt, quantize_static
+from temper.pipeline.steps.quantize import census_check, fallback, quantize_dynamic, quantize_modelopt, quantize_static
+
+BACKENDS = {"ort": "ONNX Runtime's quantizer", "modelopt": "ModelOpt"}
 
 
 class Quantize(Step[QuantizeOptions]):
@@ -67,7 +69,7 @@ class Quantize(Step[QuantizeOptions]):
                 if options.fallback is None:
                     quantize_static.write(prepared, dst, options, keep_float)
                 else:
-                    fallback.tune(prepared, dst, options, keep_float, feeds, ctx.scorer(), ctx.scratch)
+                    fallback.tune(prepared, dst, options, keep_float, feeds, ctx.scorer(), ctx.scratch, ctx.progress)
 
             _library("ONNX Runtime static quantization", static)
         else:
@@ -77,6 +79,7 @@ class Quantize(Step[QuantizeOptions]):
                 "ModelOpt quantization",
                 lambda: quantize_modelopt.quantize(src, dst, options, feeds, ctx.scratch, large),
             )
+        census_check.require_quantized(dst, BACKENDS[options.backend])
         _check_runs(dst, ctx.sample())
 
 

@@ -83,11 +83,9 @@ class Census:
         return "fp32"
 
     def describe(self) -> str:
-        """One phrase: `3 of 12 eligible nodes quantized (9 fp32; 12 inside If/Loop/Scan subgraphs)`."""
-        parts = [f"{self.fp32} fp32"] + ([f"{self.fp16} fp16"] if self.fp16 else [])
-        if self.in_subgraphs:
-            parts.append(f"{self.in_subgraphs} inside If/Loop/Scan subgraphs")
-        return f"{self.quantized} of {self.eligible} eligible nodes quantized ({'; '.join(parts)})"
+        """One phrase: `12 eligible nodes: 3 quantized, 0 fp16, 9 fp32 (12 inside If/Loop/Scan subgraphs)`."""
+        where = f" ({self.in_subgraphs} inside If/Loop/Scan subgraphs)" if self.in_subgraphs else ""
+        return f"{self.eligible} eligible nodes: {self.quantized} quantized, {self.fp16} fp16, {self.fp32} fp32{where}"
 
 
 def census(model: onnx.ModelProto) -> Census:

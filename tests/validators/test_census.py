@@ -65,7 +65,7 @@ def test_onnx_runtimes_qdq_output_counts_as_quantized_through_its_dequantize_nod
     assert (counted.eligible, counted.quantized, counted.fp32) == (3, 2, 1)  # fc excluded: still float
     assert counted.by_op["Conv"].quantized == 2 and counted.by_op["MatMul"].fp32 == 1
     assert counted.precision() == "int8-static"
-    assert counted.describe() == "2 of 3 eligible nodes quantized (1 fp32)"
+    assert counted.describe() == "3 eligible nodes: 2 quantized, 0 fp16, 1 fp32"
 
 
 def test_qoperator_and_dynamic_ops_count_under_the_op_they_stand_for(tmp_path):
@@ -104,7 +104,7 @@ def test_compute_inside_an_if_is_counted_and_said_to_be_in_a_subgraph(tmp_path):
     src = if_model(tmp_path / "if.onnx")
     counted = of_file(src)
     assert (counted.eligible, counted.fp32, counted.in_subgraphs, counted.quantized) == (2, 2, 2, 0)
-    assert counted.describe() == "0 of 2 eligible nodes quantized (2 fp32; 2 inside If/Loop/Scan subgraphs)"
+    assert counted.describe() == "2 eligible nodes: 0 quantized, 0 fp16, 2 fp32 (2 inside If/Loop/Scan subgraphs)"
 
     dst = tmp_path / "dyn.onnx"
     quantize_dynamic(str(src), str(dst))  # ONNX Runtime's quantizer leaves the branches alone

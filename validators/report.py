@@ -63,6 +63,7 @@ def markdown(report: Readable) -> str:
             row += (f"{c.metric:.4f} | {c.drop:+.4f} (max {report.allowed_drop:.4f}) | " if c.metric is not None
                     else "— | — | ")
         lines.append(row + failed + " |")
+    lines += _census_section(report)
     lines += _fidelity_section(report)
     if report.baseline.throughput:
         policy = report.speed_policy
@@ -121,6 +122,27 @@ def _host_lines(report: Report) -> list[str]:
     return lines
 
 
+def _census_section(report: Report) -> list[str]:
+    """What each built graph really computes in (validators/census.py), beside what the recipe asked for."""
+    rows = [(n, c) for n, c in report.candidates.items() if c.census is not None]
+    if not rows:
+        return []
+    lines = ["", "## Graph census (eligible compute nodes: Conv, ConvTranspose, MatMul, Gemm, Attention, LSTM)", "",
+             "| candidate | precision (graph) | asked | eligible | quantized | fp16 | fp32 | in subgraphs | by op |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, c in rows:
+        n = c.census
+        assert n is not None
+        by_op = ", ".join(f"{op} {k.quantized}/{k.fp16}/{k.fp32}" for op, k in n.by_op.items()) or "—"
+        asked = c.intended_precision or "—"
+        if c.intended_precision and c.intended_precision != c.precision:
+            asked = f"**{asked}**"
+        lines.append(f"| {name} | {c.precision} | {asked} | {n.eligible} | {n.quantized} | {n.fp16} | {n.fp32} | "
+                     f"{n.in_subgraphs} | {by_op} |")
+    lines += ["", "By op: quantized/fp16/fp32. A graph that is not what its steps asked for fails the precision gate."]
+    return lines
+
+
 def _fidelity_section(report: Report) -> list[str]:
     """Every candidate's agreement with the baseline, per output, whether or not a gate failed on it."""
     rows = [(n, f) for n, c in report.candidates.items() for f in c.fidelity]
@@ -156,12 +178,15 @@ def _tuning_section(name: str, tuning: Tuning) -> list[str]:
     lines = ["", f"## Fallback: {name}", "",
              f"Budget: {tuning.metric} drop at most {tuning.allowed_drop:.4f} from {tuning.baseline_metric:.4f}; "
              f"{outcome}; {len(tuning.trials)} of at most {tuning.max_trials} trials; kept: trial {tuning.best}.", "",
-             "| trial | kind | nodes in float | metric | drop | cosine | samples/s | gates |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"Floor: every trial keeps at least {tuning.floor} quantized nodes ({tuning.min_quantized:g} of the plain "
+             "model's)" + ("; the search reached it, so the budget is **not reachable in INT8** beyond it."
+                           if tuning.floor_reached and not tuning.met else "."), "",
+             "| trial | kind | nodes in float | quantized nodes | metric | drop | cosine | samples/s | gates |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for index, t in enumerate(tuning.trials):
         speed = "—" if t.samples_per_s is None else f"{t.samples_per_s:,.0f}"
         lines.append(f"| {index}{' (kept)' if index == tuning.best else ''} | {t.kind} | {len(t.float_nodes)} | "
-                     f"{t.metric:.4f} | {t.drop:+.4f} | {t.cosine:.4f} | {speed} | "
+                     f"{t.quantized} | {t.metric:.4f} | {t.drop:+.4f} | {t.cosine:.4f} | {speed} | "
                      f"{'held' if t.passed else 'missed'} |")
     kept = tuning.trials[tuning.best].float_nodes
     if kept:

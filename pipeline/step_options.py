@@ -58,6 +58,9 @@ class FallbackOptions(Strict):
     refine: int = Field(0, ge=0, description="re-rank this many top suspects by the real metric, "
                                               "each kept in float alone (each costs a trial)")
     samples: PositiveInt = Field(64, description="calibration samples the SQNR ranking runs on")
+    configurations: bool = Field(
+        True, description="before any node goes float, try per-channel weights (when per_channel is false), then "
+                          "percentile calibration (when minmax), keeping the best; each costs a calibration")
     min_quantized: float = Field(
         0.5, description="the floor: a trial must keep at least this fraction of the plain INT8 model's quantized "
                          "compute nodes to count; a budget met only below it is not met in INT8")

@@ -181,6 +181,7 @@ def _tuning_section(name: str, tuning: Tuning) -> list[str]:
              f"Floor: every trial keeps at least {tuning.floor} quantized nodes ({tuning.min_quantized:g} of the plain "
              "model's)" + ("; the search reached it, so the budget is **not reachable in INT8** beyond it."
                            if tuning.floor_reached and not tuning.met else "."), "",
+             *_configuration_lines(tuning),
              "| trial | kind | nodes in float | quantized nodes | metric | drop | cosine | samples/s | gates |",
              "|---|---|---|---|---|---|---|---|---|"]
     for index, t in enumerate(tuning.trials):
@@ -199,6 +200,21 @@ def _tuning_section(name: str, tuning: Tuning) -> list[str]:
             acc = "—" if r.accumulated_db is None else f"{r.accumulated_db:.1f}"
             lines.append(f"| {rank} | `{r.node}` | {r.op_type} | {r.sqnr_db:.1f} | {acc} |")
     return lines
+
+
+def _configuration_lines(tuning: Tuning) -> list[str]:
+    """The configurations tried before any node went float, and the one the node search started from."""
+    if not tuning.configurations:
+        return []
+
+    def shown(changes: dict[str, object]) -> str:
+        return ", ".join(f"{k}: {v}" for k, v in changes.items()) or "the step's own"
+
+    lines = ["Configurations tried before any node went float (plain model each):", "",
+             "| configuration | quantized nodes | metric | drop | cosine | gates |", "|---|---|---|---|---|---|"]
+    lines += [f"| {shown(c.changes)} | {c.quantized} | {c.metric:.4f} | {c.drop:+.4f} | {c.cosine:.4f} | "
+              f"{'held' if c.passed else 'missed'} |" for c in tuning.configurations]
+    return [*lines, "", f"The node search started from: {shown(tuning.configuration)}.", ""]
 
 
 def junit(report: Readable) -> ET.ElementTree:

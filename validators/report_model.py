@@ -110,7 +110,8 @@ class CandidateMeasurement(Measurement):
 class Trial(_Model):
     """One model the quantize fallback built and scored."""
 
-    kind: Literal["plain", "refine", "cumulative"]
+    kind: Literal["plain", "configuration", "refine", "cumulative"] = Field(
+        description="configuration: another configuration's plain model that met the budget alone")
     float_nodes: list[str]
     metric: float
     drop: float
@@ -118,6 +119,18 @@ class Trial(_Model):
     samples_per_s: float | None
     passed: bool = Field(description="the accuracy budget and every fidelity gate hold")
     quantized: int = Field(ge=0, description="quantized compute nodes left in the trial's graph (the census)")
+    configuration: dict[str, Any] = Field(description="options changed from the step's ({}: the step's own)")
+
+
+class Configuration(_Model):
+    """One configuration the fallback tried before any node went float: its plain model's score."""
+
+    changes: dict[str, Any] = Field(description="options changed from the step's, e.g. {per_channel: true}")
+    metric: float
+    drop: float
+    cosine: float
+    quantized: int = Field(ge=0)
+    passed: bool
 
 
 class NodeSensitivity(_Model):
@@ -144,6 +157,9 @@ class Tuning(_Model):
     floor: int = Field(ge=0, description="quantized nodes every trial kept at least; fewer were never scored")
     floor_reached: bool = Field(description="a trial was refused for going below the floor: meeting the budget "
                                             "would take more float nodes than INT8 allows")
+    configuration: dict[str, Any] = Field(description="the configuration the node search started from ({}: the "
+                                                      "step's own)")
+    configurations: list[Configuration] = Field(description="configurations tried before any node went float")
     trials: list[Trial] = Field(min_length=1)
     ranking: list[NodeSensitivity]
 

@@ -32,14 +32,20 @@ def test_a_candidate_that_did_not_build_has_no_census_row():
 def test_the_fallback_section_gives_the_floor_and_each_trials_quantized_nodes():
     report = sample_report()
     trial = {"kind": "plain", "float_nodes": [], "metric": 0.9, "drop": 0.05, "cosine": 0.99, "samples_per_s": None,
-             "passed": False, "quantized": 40}
+             "passed": False, "quantized": 40, "configuration": {}}
+    tried = {"changes": {"per_channel": True}, "metric": 0.92, "drop": 0.04, "cosine": 0.995, "quantized": 40,
+             "passed": False}
     report["candidates"]["int8"]["tuning"] = {
         "metric": "top1", "baseline_metric": 0.95, "allowed_drop": 0.02, "met": False, "best": 1, "max_trials": 12,
-        "min_quantized": 0.5, "floor": 20, "floor_reached": True,
-        "trials": [trial, {**trial, "kind": "cumulative", "float_nodes": ["a", "b"], "drop": 0.03, "quantized": 21}],
+        "min_quantized": 0.5, "floor": 20, "floor_reached": True, "configuration": {"per_channel": True},
+        "configurations": [tried],
+        "trials": [trial, {**trial, "kind": "cumulative", "float_nodes": ["a", "b"], "drop": 0.03, "quantized": 21,
+                           "configuration": {"per_channel": True}}],
         "ranking": []}
     jsonschema.validate(report, SCHEMA)
     lines = markdown(report).splitlines()
     assert ("Floor: every trial keeps at least 20 quantized nodes (0.5 of the plain model's); the search reached it, "
             "so the budget is **not reachable in INT8** beyond it.") in lines
     assert "| 1 (kept) | cumulative | 2 | 21 | 0.9000 | +0.0300 | 0.9900 | — | missed |" in lines
+    assert "| per_channel: True | 40 | 0.9200 | +0.0400 | 0.9950 | missed |" in lines
+    assert "The node search started from: per_channel: True." in lines

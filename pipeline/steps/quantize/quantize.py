@@ -63,13 +63,23 @@ class Quantize(Step[QuantizeOptions]):
             feeds = calibration_feeds(structure, ctx.calibration())
             typed = _nodes_of_types(structure, options.exclude_op_types)
 
+            def prepare(chosen: QuantizeOptions, scratch: Path = ctx.scratch) -> tuple[quantize_static.Prepared,
+                                                                                      list[str]]:
+                scratch.mkdir(exist_ok=True)
+                prepared = quantize_static.prepare(src, chosen, feeds, scratch, large)
+                return prepared, quantize_static.follow_fusions(prepared.structure, chosen.exclude_nodes, typed)
+
+            def configured(chosen: QuantizeOptions) -> tuple[quantize_static.Prepared, list[str]]:
+                """Another configuration's calibration, in a folder of its own (the first one's files stay)."""
+                return prepare(chosen, ctx.scratch / f"config-{chosen.per_channel}-{chosen.calibration}")
+
             def static() -> None:
-                prepared = quantize_static.prepare(src, options, feeds, ctx.scratch, large)
-                keep_float = quantize_static.follow_fusions(prepared.structure, options.exclude_nodes, typed)
+                prepared, keep_float = prepare(options)
                 if options.fallback is None:
                     quantize_static.write(prepared, dst, options, keep_float)
                 else:
-                    fallback.tune(prepared, dst, options, keep_float, feeds, ctx.scorer(), ctx.scratch, ctx.progress)
+                    fallback.tune(prepared, dst, options, keep_float, feeds, ctx.scorer(), ctx.scratch, ctx.progress,
+                                  configured)
 
             _library("ONNX Runtime static quantization", static)
         else:

@@ -13,11 +13,14 @@ from typing import Any
 from temper.validators.census import Census
 from temper.validators.gates import Gate
 
+UNCHANGED = "fp32"  # pipeline.steps.UNCHANGED: the label of a candidate whose steps convert nothing
+
 
 def truth_gates(census: Census, intended: str | None, tuning: dict[str, Any] | None) -> list[Gate]:
     gates = []
     actual = census.precision()
-    if intended is not None and actual != intended:
+    # fp32 is what the registry says of steps that convert nothing: "as the input was", not a promise
+    if intended not in (None, UNCHANGED) and actual != intended:
         gates.append(Gate("precision", False, float(census.quantized), None,
                           f"the recipe's steps make {intended}, but the graph is {actual}: {census.describe()}"))
     if tuning is not None and tuning.get("floor_reached") and not tuning["met"]:

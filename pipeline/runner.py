@@ -235,11 +235,11 @@ class Runner:
         raise RecipeError(self.loaded.file, "data",
                           "this recipe's steps need a real batch: add data.evaluation or data.calibration")
 
-    def _context(self, folder: Path) -> StepContext:
+    def _context(self, folder: Path, where: str) -> StepContext:
         from temper.pipeline.steps.base import StepContext
 
         return StepContext(self.recipe.model.inputs, lambda: self.calibration_batches, self.sample, folder,
-                           lambda: self.scorer)
+                           lambda: self.scorer, lambda text: self.observer.note(f"{where} › {text}"))
 
     # -- models -----------------------------------------------------------------------------------
     def source(self) -> ModelRecord:
@@ -358,7 +358,7 @@ class Runner:
             dst = folder / "out" / MODEL_FILE
             begin = time.perf_counter()
             try:
-                build(dst, self._context(folder / "work"))
+                build(dst, self._context(folder / "work", f"{chain} › {step}"))
             except TemperError:
                 raise
             except Exception as exc:  # a library failing inside a step: one line, cause kept for --debug

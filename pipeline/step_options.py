@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
 from temper.pipeline import presets
 
@@ -58,6 +58,20 @@ class FallbackOptions(Strict):
     refine: int = Field(0, ge=0, description="re-rank this many top suspects by the real metric, "
                                               "each kept in float alone (each costs a trial)")
     samples: PositiveInt = Field(64, description="calibration samples the SQNR ranking runs on")
+    configurations: bool = Field(
+        True, description="before any node goes float, try per-channel weights (when per_channel is false), then "
+                          "percentile calibration (when minmax), keeping the best; each costs a calibration")
+    min_quantized: float = Field(
+        0.5, description="the floor: a trial must keep at least this fraction of the plain INT8 model's quantized "
+                         "compute nodes to count; a budget met only below it is not met in INT8")
+
+    @field_validator("min_quantized")
+    @classmethod
+    def _fraction(cls, value: float) -> float:
+        if not 0 < value <= 1:
+            raise ValueError(f"{value:g} is not a fraction above 0 and at most 1 (of the plain INT8 model's "
+                             "quantized nodes a trial must keep); use e.g. 0.5, or 1 to allow no float node")
+        return value
 
 
 class QuantizeOptions(Strict):

@@ -63,6 +63,7 @@ def markdown(report: Readable) -> str:
             row += (f"{c.metric:.4f} | {c.drop:+.4f} (max {report.allowed_drop:.4f}) | " if c.metric is not None
                     else "— | — | ")
         lines.append(row + failed + " |")
+    lines += _census_section(report)
     lines += _fidelity_section(report)
     if report.baseline.throughput:
         policy = report.speed_policy
@@ -131,6 +132,27 @@ def _not_built_lines(report: Report) -> list[str]:
     return [*lines, ""] if lines else []
 
 
+def _census_section(report: Report) -> list[str]:
+    """What each built graph really computes in (validators/census.py), beside what the recipe asked for."""
+    rows = [(n, c) for n, c in report.candidates.items() if c.census is not None]
+    if not rows:
+        return []
+    lines = ["", "## Graph census (eligible compute nodes: Conv, ConvTranspose, MatMul, Gemm, Attention, LSTM)", "",
+             "| candidate | precision (graph) | asked | eligible | quantized | fp16 | fp32 | in subgraphs | by op |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, c in rows:
+        n = c.census
+        assert n is not None
+        by_op = ", ".join(f"{op} {k.quantized}/{k.fp16}/{k.fp32}" for op, k in n.by_op.items()) or "—"
+        asked = c.intended_precision or "—"
+        if c.intended_precision and c.intended_precision != c.precision:
+            asked = f"**{asked}**"
+        lines.append(f"| {name} | {c.precision} | {asked} | {n.eligible} | {n.quantized} | {n.fp16} | {n.fp32} | "
+                     f"{n.in_subgraphs} | {by_op} |")
+    lines += ["", "By op: quantized/fp16/fp32. A graph that is not what its steps asked for fails the precision gate."]
+    return lines
+
+
 def _fidelity_section(report: Report) -> list[str]:
     """Every candidate's agreement with the baseline, per output and per recipe slice, whether or not a
     gate failed on it."""
@@ -169,12 +191,16 @@ def _tuning_section(name: str, tuning: Tuning) -> list[str]:
     lines = ["", f"## Fallback: {name}", "",
              f"Budget: {tuning.metric} drop at most {tuning.allowed_drop:.4f} from {tuning.baseline_metric:.4f}; "
              f"{outcome}; {len(tuning.trials)} of at most {tuning.max_trials} trials; kept: trial {tuning.best}.", "",
-             "| trial | kind | nodes in float | metric | drop | cosine | samples/s | gates |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"Floor: every trial keeps at least {tuning.floor} quantized nodes ({tuning.min_quantized:g} of the plain "
+             "model's)" + ("; the search reached it, so the budget is **not reachable in INT8** beyond it."
+                           if tuning.floor_reached and not tuning.met else "."), "",
+             *_configuration_lines(tuning),
+             "| trial | kind | nodes in float | quantized nodes | metric | drop | cosine | samples/s | gates |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for index, t in enumerate(tuning.trials):
         speed = "—" if t.samples_per_s is None else f"{t.samples_per_s:,.0f}"
         lines.append(f"| {index}{' (kept)' if index == tuning.best else ''} | {t.kind} | {len(t.float_nodes)} | "
-                     f"{t.metric:.4f} | {t.drop:+.4f} | {t.cosine:.4f} | {speed} | "
+                     f"{t.quantized} | {t.metric:.4f} | {t.drop:+.4f} | {t.cosine:.4f} | {speed} | "
                      f"{'held' if t.passed else 'missed'} |")
     kept = tuning.trials[tuning.best].float_nodes
     if kept:
@@ -187,6 +213,21 @@ def _tuning_section(name: str, tuning: Tuning) -> list[str]:
             acc = "—" if r.accumulated_db is None else f"{r.accumulated_db:.1f}"
             lines.append(f"| {rank} | `{r.node}` | {r.op_type} | {r.sqnr_db:.1f} | {acc} |")
     return lines
+
+
+def _configuration_lines(tuning: Tuning) -> list[str]:
+    """The configurations tried before any node went float, and the one the node search started from."""
+    if not tuning.configurations:
+        return []
+
+    def shown(changes: dict[str, object]) -> str:
+        return ", ".join(f"{k}: {v}" for k, v in changes.items()) or "the step's own"
+
+    lines = ["Configurations tried before any node went float (plain model each):", "",
+             "| configuration | quantized nodes | metric | drop | cosine | gates |", "|---|---|---|---|---|---|"]
+    lines += [f"| {shown(c.changes)} | {c.quantized} | {c.metric:.4f} | {c.drop:+.4f} | {c.cosine:.4f} | "
+              f"{'held' if c.passed else 'missed'} |" for c in tuning.configurations]
+    return [*lines, "", f"The node search started from: {shown(tuning.configuration)}.", ""]
 
 
 def junit(report: Readable) -> ET.ElementTree:

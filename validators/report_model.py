@@ -128,13 +128,27 @@ class CandidateMeasurement(Measurement):
 class Trial(_Model):
     """One model the quantize fallback built and scored."""
 
-    kind: Literal["plain", "refine", "cumulative"]
+    kind: Literal["plain", "configuration", "refine", "cumulative"] = Field(
+        description="configuration: another configuration's plain model that met the budget alone")
     float_nodes: list[str]
     metric: float
     drop: float
     cosine: float
     samples_per_s: float | None
     passed: bool = Field(description="the accuracy budget and every fidelity gate hold")
+    quantized: int = Field(ge=0, description="quantized compute nodes left in the trial's graph (the census)")
+    configuration: dict[str, Any] = Field(description="options changed from the step's ({}: the step's own)")
+
+
+class Configuration(_Model):
+    """One configuration the fallback tried before any node went float: its plain model's score."""
+
+    changes: dict[str, Any] = Field(description="options changed from the step's, e.g. {per_channel: true}")
+    metric: float
+    drop: float
+    cosine: float
+    quantized: int = Field(ge=0)
+    passed: bool
 
 
 class NodeSensitivity(_Model):
@@ -156,15 +170,47 @@ class Tuning(_Model):
     met: bool
     best: int = Field(ge=0, description="index of the kept trial")
     max_trials: int = Field(ge=1)
+    min_quantized: float = Field(gt=0, le=1, description="fallback.min_quantized: the floor as a fraction of the "
+                                                          "plain trial's quantized nodes")
+    floor: int = Field(ge=0, description="quantized nodes every trial kept at least; fewer were never scored")
+    floor_reached: bool = Field(description="a trial was refused for going below the floor: meeting the budget "
+                                            "would take more float nodes than INT8 allows")
+    configuration: dict[str, Any] = Field(description="the configuration the node search started from ({}: the "
+                                                      "step's own)")
+    configurations: list[Configuration] = Field(description="configurations tried before any node went float")
     trials: list[Trial] = Field(min_length=1)
     ranking: list[NodeSensitivity]
+
+
+class OpCount(_Model):
+    quantized: int = Field(ge=0)
+    fp16: int = Field(ge=0)
+    fp32: int = Field(ge=0)
+
+
+class Census(_Model):
+    """What a candidate's graph computes in (validators/census.py): its eligible compute nodes (Conv,
+    ConvTranspose, MatMul, Gemm, Attention, LSTM), subgraphs included, by how they compute."""
+
+    eligible: int = Field(ge=0, description="compute nodes INT8 quantizers target")
+    quantized: int = Field(ge=0, description="QLinear*/*Integer ops, or float ops reading DequantizeLinear outputs")
+    fp16: int = Field(ge=0, description="float ops computing in float16")
+    fp32: int = Field(ge=0, description="float ops left in float32")
+    in_subgraphs: int = Field(ge=0, description="of the eligible, those inside If/Loop/Scan bodies")
+    quantized_in_subgraphs: int = Field(ge=0)
+    dynamic: int = Field(ge=0, description="of the quantized, those quantizing activations at run time")
+    by_op: dict[str, OpCount] = Field(description="by the eligible op type each node is or stands for")
 
 
 class Candidate(_Model):
     """Everything decided about one candidate."""
 
     passed: bool = Field(description="every gate passed")
-    precision: str | None = Field(description="fp32, fp16, int8-static or int8-dynamic")
+    precision: str | None = Field(description="what the graph is, from its census: fp32, fp16, int8-static or "
+                                              "int8-dynamic (null: it did not build)")
+    intended_precision: str | None = Field(description="what the recipe's steps asked for; a built graph that is "
+                                                       "something else fails the precision gate")
+    census: Census | None = Field(description="the graph's compute nodes by precision (null: it did not build)")
     bytes: int | None = Field(ge=0, description="the model file's size (null: it did not build)")
     metric: float | None
     drop: float | None

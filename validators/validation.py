@@ -19,11 +19,13 @@ from temper.pipeline import onnx_io
 from temper.pipeline.errors import RecipeError
 from temper.pipeline.recipe import ThroughputSpec, ValidateSpec
 from temper.validators import report_model, scoring
+from temper.validators.census import Census, of_file
 from temper.validators.evaluate import predict
 from temper.validators.fidelity import compare_outputs, fidelity_gates
 from temper.validators.gates import Gate, Verdict, at_most, select
 from temper.validators.speedup import Speedup, estimate
 from temper.validators.throughput import Measurement, batch_of, measure, session_for, tuned_session
+from temper.validators.truth import truth_gates
 
 
 class Searched(Protocol):
@@ -65,6 +67,7 @@ class CandidateResult:
     fidelity: list[report_model.Comparison] = field(default_factory=list)
     throughput: list[tuple[Measurement, Speedup]] = field(default_factory=list)  # with its speedup interval
     tuning: dict[str, Any] | None = None  # the quantize fallback's record (tuning.json), when it ran
+    census: Census | None = None  # what the built graph computes in (None: it did not build)
 
 
 @dataclass
@@ -115,6 +118,8 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
         result.verdict.bytes = path.stat().st_size
         result.tuning = subject.tunings.get(name)
         result.verdict.gates.append(Gate("build", True, None, None, "built"))
+        result.census = of_file(path)
+        result.verdict.gates += truth_gates(result.census, subject.precisions.get(name), result.tuning)
         progress(f"{name} › evaluate")
         out = predict(path, subject.evaluation.features, subject.eval_batch_size)
         if ref is not None:
@@ -355,7 +360,9 @@ def _measurement(m: Measurement) -> report_model.Measurement:
 def _candidate(c: CandidateResult, precision: str | None) -> report_model.Candidate:
     return report_model.Candidate(
         passed=c.verdict.passed,
-        precision=precision,
+        precision=None if c.census is None else c.census.precision(),
+        intended_precision=precision,
+        census=None if c.census is None else report_model.Census.model_validate(c.census.as_dict()),
         bytes=c.verdict.bytes,
         metric=c.metric,
         drop=c.drop,

@@ -56,6 +56,7 @@ class StepContext:
     sample: Callable[[], Batch]  # one real batch for sanity checks (NaN/Inf, output comparison)
     scratch: Path  # a private empty folder for intermediate files
     scorer: Callable[[], Scorer] = field(default=lambda: _no_scorer())  # for steps with uses_evaluation
+    progress: Callable[[str], None] = field(default=lambda _: None)  # what a long step is doing now (the observer)
 
 
 def _no_scorer() -> Scorer:

@@ -33,6 +33,11 @@ def gate(name: str, passed: bool, detail: str, verdict: str = "", interval: list
             "verdict": verdict or ("pass" if passed else "fail"), "interval": interval}
 
 
+CENSUS = {"eligible": 3, "quantized": 3, "fp16": 0, "fp32": 0, "in_subgraphs": 0, "quantized_in_subgraphs": 0,
+          "dynamic": 0, "by_op": {"Conv": {"quantized": 2, "fp16": 0, "fp32": 0},
+                                  "MatMul": {"quantized": 1, "fp16": 0, "fp32": 0}}}
+
+
 def sample_report() -> dict[str, Any]:
     """Two candidates, neither passing: int8's speed gate is inconclusive, fp16 misses accuracy."""
     fidelity = {"name": "logits", "slice": None, "max_abs": 0.0123456, "mean_abs": 0.001, "p99_abs": 0.01,
@@ -43,12 +48,17 @@ def sample_report() -> dict[str, Any]:
         "allowed_drop": 0.02,
         "candidates": {
             "int8": {"passed": False, "bytes": 12 * 1024, "metric": 0.94, "drop": 0.01, "precision": "int8-static",
+                     "intended_precision": "int8-static", "census": CENSUS,
                      "gates": [gate("accuracy", True, "top1 drop 0.01 <= 0.02"),
                                gate("throughput.cpu.b8", False, INCONCLUSIVE, "inconclusive", [0.9, 1.3], 1.1, 1.2)],
                      "fidelity": [fidelity],
                      "throughput": [measurement(4400.0, speedup=1.1, speedup_interval=[0.9, 1.3])],
                      "tuning": None},
             "fp16": {"passed": False, "bytes": 24 * 1024, "metric": 0.9, "drop": 0.05, "precision": "fp16",
+                     "intended_precision": "fp16",
+                     "census": {**CENSUS, "quantized": 0, "fp16": 3, "dynamic": 0,
+                                "by_op": {"Conv": {"quantized": 0, "fp16": 2, "fp32": 0},
+                                          "MatMul": {"quantized": 0, "fp16": 1, "fp32": 0}}},
                      "gates": [gate("accuracy", False, "top1 drop 0.05 > 0.02")],
                      "fidelity": [{**fidelity, "cosine": 0.98}], "throughput": [], "tuning": None},
         },

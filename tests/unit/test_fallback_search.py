@@ -51,6 +51,8 @@ def _search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ranking: list[str],
                         lambda prepared, path, options, nodes: Path(path).write_text(json.dumps(sorted(nodes))))
     ranked = [NodeSensitivity(n, "Conv", (blocks or {}).get(n, ""), -float(i), None) for i, n in enumerate(ranking)]
     monkeypatch.setattr(fallback.sensitivity, "rank", lambda prepared, options, feeds, scratch: ranked)
+    # the census of the fake graph: 100 quantized compute nodes, each float node one fewer (floor: 50)
+    monkeypatch.setattr(fallback, "count_quantized", lambda path: QUANTIZED - len(_float_nodes(path)))
     options = QuantizeOptions.model_validate(
         {"mode": "static", "preset": None, "fallback": {"max_trials": max_trials, "refine": refine}})
     dst = tmp_path / "out" / "model.onnx"
@@ -65,6 +67,7 @@ def _sizes(record: dict[str, Any]) -> list[tuple[str, int]]:
 
 
 NODES = [f"n{i}" for i in range(10)]
+QUANTIZED = 100
 
 
 def test_doubling_counts():
@@ -125,7 +128,7 @@ def test_refine_reranks_suspects_by_their_measured_drop(monkeypatch, tmp_path):
 
 def test_among_passing_trials_the_fewest_float_nodes_then_the_fastest_win():
     def trial(nodes: list[str], passed: bool, speed: float | None = None, drop: float = 0.0) -> fallback.Trial:
-        return fallback.Trial("cumulative", nodes, 0.9, drop, 0.99, speed, passed)
+        return fallback.Trial("cumulative", nodes, 0.9, drop, 0.99, speed, passed, QUANTIZED - len(nodes))
 
     options = QuantizeOptions.model_validate({"mode": "static", "preset": None, "fallback": {}})
     tuner = fallback._Tuner(None, options, [], DataScorer({}), Path("unused"))  # type: ignore[arg-type]

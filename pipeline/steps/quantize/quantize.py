@@ -20,7 +20,9 @@ from temper.pipeline.errors import OptionError, StepFailed, TemperError, first_l
 from temper.pipeline.onnx_io import Batch
 from temper.pipeline.step_options import QuantizeOptions
 from temper.pipeline.steps.base import Step, StepContext, require_known
-from temper.pipeline.steps.quantize import fallback, quantize_dynamic, quantize_modelopt, quantize_static
+from temper.pipeline.steps.quantize import census_check, fallback, quantize_dynamic, quantize_modelopt, quantize_static
+
+BACKENDS = {"ort": "ONNX Runtime's quantizer", "modelopt": "ModelOpt"}
 
 
 class Quantize(Step[QuantizeOptions]):
@@ -61,13 +63,23 @@ class Quantize(Step[QuantizeOptions]):
             feeds = calibration_feeds(structure, ctx.calibration())
             typed = _nodes_of_types(structure, options.exclude_op_types)
 
+            def prepare(chosen: QuantizeOptions, scratch: Path = ctx.scratch) -> tuple[quantize_static.Prepared,
+                                                                                      list[str]]:
+                scratch.mkdir(exist_ok=True)
+                prepared = quantize_static.prepare(src, chosen, feeds, scratch, large)
+                return prepared, quantize_static.follow_fusions(prepared.structure, chosen.exclude_nodes, typed)
+
+            def configured(chosen: QuantizeOptions) -> tuple[quantize_static.Prepared, list[str]]:
+                """Another configuration's calibration, in a folder of its own (the first one's files stay)."""
+                return prepare(chosen, ctx.scratch / f"config-{chosen.per_channel}-{chosen.calibration}")
+
             def static() -> None:
-                prepared = quantize_static.prepare(src, options, feeds, ctx.scratch, large)
-                keep_float = quantize_static.follow_fusions(prepared.structure, options.exclude_nodes, typed)
+                prepared, keep_float = prepare(options)
                 if options.fallback is None:
                     quantize_static.write(prepared, dst, options, keep_float)
                 else:
-                    fallback.tune(prepared, dst, options, keep_float, feeds, ctx.scorer(), ctx.scratch)
+                    fallback.tune(prepared, dst, options, keep_float, feeds, ctx.scorer(), ctx.scratch, ctx.progress,
+                                  configured)
 
             _library("ONNX Runtime static quantization", static)
         else:
@@ -77,6 +89,7 @@ class Quantize(Step[QuantizeOptions]):
                 "ModelOpt quantization",
                 lambda: quantize_modelopt.quantize(src, dst, options, feeds, ctx.scratch, large),
             )
+        census_check.require_quantized(dst, BACKENDS[options.backend])
         _check_runs(dst, ctx.sample())
 
 

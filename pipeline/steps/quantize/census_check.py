@@ -1,0 +1,30 @@
+"""The quantize step's proof of work: the graph it wrote must hold quantized compute nodes.
+
+A quantizer that meets nothing it can rewrite (compute inside If/Loop bodies, every node excluded)
+writes an FP32 graph without complaint; labelled int8 it would pass every gate and be published as
+INT8. The graph census (validators/census.py) is what decides, not the step's name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from temper.pipeline.errors import StepFailed
+from temper.validators.census import ELIGIBLE, Census, of_file
+
+
+def require_quantized(path: Path, backend: str) -> Census:
+    """The census of the model at `path`; StepFailed (one line, what to do) when nothing is quantized."""
+    counted = of_file(path)
+    if counted.quantized:
+        return counted
+    if not counted.eligible:
+        raise StepFailed(f"quantize wrote no quantized node: the graph has no {'/'.join(ELIGIBLE)} node to quantize; "
+                         "drop this candidate (INT8 cannot speed this model up)")
+    where = f"0 of {counted.eligible} eligible"
+    if counted.in_subgraphs:
+        where += f"; {counted.in_subgraphs} are inside If/Loop/Scan subgraphs, which {backend} leaves alone"
+    hint = ("export the model without control flow around its compute (fixed branches, unrolled loops), "
+            "or drop this candidate" if counted.in_subgraphs == counted.eligible
+            else "exclude fewer nodes (exclude_nodes, exclude_op_types), or drop this candidate")
+    raise StepFailed(f"quantize wrote no quantized node ({where}): {hint}")

@@ -34,7 +34,7 @@ from temper.pipeline.steps.quantize.tensor_probe import Probe, named_dims, saved
 # PyTorch names repeated modules `layer.3`, `blocks.2`: the block is the path up to that index.
 _BLOCK = re.compile(r"^(.*?/[A-Za-z_]+\.\d+)/")
 
-CHUNK_BYTES = 256 * 2**20  # activations of one batch held at once, both models together
+CHUNK_BYTES = 2**30  # activations of one batch held at once, both models together
 
 
 @dataclass(frozen=True)

@@ -181,8 +181,9 @@ def _reference_rank(prepared, options, feeds, scratch: Path) -> list[sensitivity
     qdq = scratch / "reference-qdq.onnx"
     quantize_static.write(prepared, qdq, options.model_copy(update={"format": "qdq"}), [])
     float_aug, qdq_aug = scratch / "reference-float-aug.onnx", scratch / "reference-qdq-aug.onnx"
-    debug.modify_model_output_intermediate_tensors(str(prepared.model), str(float_aug))
-    debug.modify_model_output_intermediate_tensors(str(qdq), str(qdq_aug))
+    debug.modify_model_output_intermediate_tensors(str(prepared.model), str(float_aug),
+                                                   save_as_external_data=prepared.large)
+    debug.modify_model_output_intermediate_tensors(str(qdq), str(qdq_aug), save_as_external_data=prepared.large)
     sums: dict[str, dict[str, list[float]]] = {"local": {}, "accumulated": {}}
 
     def add(kind: str, tensor: str, reference: list[np.ndarray], test: list[np.ndarray]) -> None:
@@ -204,17 +205,20 @@ def _reference_rank(prepared, options, feeds, scratch: Path) -> list[sensitivity
     return sensitivity._nodes(prepared.structure, db["local"] | weights, db["accumulated"])
 
 
-@pytest.fixture(scope="module")
-def prepared_conv(tmp_path_factory: pytest.TempPathFactory):
+def _prepare_conv(folder: Path, large: bool):
     """The conv net of the quantize tests, calibrated: its input and every activation are quantized."""
     from temper.pipeline.step_options import QuantizeOptions
     from temper.pipeline.steps.quantize import quantize_static
     from tests.pipeline.steps.quantize_models import conv_net, heavy_tailed
 
-    folder = tmp_path_factory.mktemp("prepared-conv")
     options = QuantizeOptions(mode="static")
     feeds = [heavy_tailed(seed, rows=8) for seed in range(3)]
-    return quantize_static.prepare(conv_net(folder / "net.onnx"), options, feeds, folder, False), options, feeds
+    return quantize_static.prepare(conv_net(folder / "net.onnx"), options, feeds, folder, large), options, feeds
+
+
+@pytest.fixture(scope="module")
+def prepared_conv(tmp_path_factory: pytest.TempPathFactory):
+    return _prepare_conv(tmp_path_factory.mktemp("prepared-conv"), False)
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, sensitivity.CHUNK_BYTES], ids=["one-activation-chunks", "one-chunk"])
@@ -239,6 +243,20 @@ def test_the_streamed_ranking_equals_the_all_at_once_computation(prepared_conv, 
         assert chunks == total > 4
     else:  # shape inference sizes every activation of the conv net, and they all fit in one chunk
         assert chunks == 1
+
+
+def test_a_model_with_external_weights_is_ranked_the_same_from_its_files(tmp_path):
+    """Models over 2 GB keep their weights in files beside them: the cut-down models must find them."""
+    import onnx
+
+    prepared, options, feeds = _prepare_conv(tmp_path, True)
+    assert any(i.data_location == onnx.TensorProto.EXTERNAL
+               for i in onnx.load(str(prepared.model), load_external_data=False).graph.initializer)
+    streamed = sensitivity.rank(prepared, options, feeds, tmp_path, chunk_bytes=1)
+    reference = _reference_rank(prepared, options, feeds, tmp_path)
+    assert [r.node for r in streamed] == [r.node for r in reference] and len(streamed) >= 4
+    assert [r.sqnr_db for r in streamed] == pytest.approx([r.sqnr_db for r in reference], abs=0.011)
+    assert [r.accumulated_db for r in streamed] == pytest.approx([r.accumulated_db for r in reference], abs=0.011)
 
 
 def test_energies_summed_in_slices_equal_the_whole_array_computation(monkeypatch):

@@ -99,3 +99,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
     child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
     terminalreporter.write_sep("-", f"peak RSS: pytest {own:.2f} GiB, largest child process {child:.2f} GiB")
+
+
+@pytest.fixture(scope="session")
+def minilm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One step cache for the slow MiniLM tests of a run: MiniLM's export and simplify (a minute or more
+    and GiBs each) are built once instead of once per test. Steps are content-addressed, so a test that
+    changes an option still builds its own step; sharing changes no result."""
+    return tmp_path_factory.mktemp("minilm-cache")

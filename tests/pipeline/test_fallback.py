@@ -85,7 +85,9 @@ def test_a_budget_the_fallback_cannot_meet_keeps_the_best_model_and_reports_ever
 @pytest.mark.skipif(not profile().vnni,
                     reason="premise: the VNNI preset's u8 x s8 model computed exactly; without VNNI "
                            "ONNX Runtime's u8 x s8 kernels saturate, so its drops were never measured")
-def test_on_minilm_plain_static_int8_misses_the_budget_and_the_fallback_meets_it(temper, tmp_path, monkeypatch):
+def test_on_minilm_plain_static_int8_misses_the_budget_and_the_fallback_meets_it(temper, tmp_path, monkeypatch,
+                                                                                  minilm_cache):
+    monkeypatch.setenv("TEMPER_CACHE_DIR", str(minilm_cache))  # the run's MiniLM export, built once
     recipe = tmp_path / "minilm-static.yaml"
     recipe.write_text((RECIPES / "minilm-static.yaml").read_text())
     for name in ("minilm_model.py", "minilm_data.py"):

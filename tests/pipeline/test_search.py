@@ -123,9 +123,9 @@ def test_every_shipped_recipe_matches_the_published_schema(temper):
 @pytest.mark.parametrize("recipe", [
     # check builds the baseline: a MiniLM export and its probe take minutes and GiBs, so those run in make test
     pytest.param(r, id=r.stem, marks=[pytest.mark.slow] if r.stem.startswith("minilm") else []) for r in SHIPPED])
-def test_every_shipped_recipe_passes_check(temper, recipe, module_cache, monkeypatch):
+def test_every_shipped_recipe_passes_check(temper, recipe, minilm_cache, monkeypatch):
     """Each shipped recipe loads and its references resolve (`temper check`); the MiniLM recipes share
-    one export through the module's cache."""
-    monkeypatch.setenv("TEMPER_CACHE_DIR", str(module_cache))
+    one export with the run's other MiniLM tests."""
+    monkeypatch.setenv("TEMPER_CACHE_DIR", str(minilm_cache))
     result = temper("check", recipe)
     assert result.code == 0, f"{recipe.name}: {result.stderr}"

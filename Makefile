@@ -9,10 +9,11 @@ run: $(STAMP)
 	$(VENV)/bin/temper run recipes/digits-cnn.yaml
 
 # Lint (ruff, configured in pyproject.toml), then the whole suite, slow MiniLM tests included
-# (about 20 minutes on 2 cores); plain `pytest` skips those.
+# (target: 15 minutes on 2 cores); plain `pytest` skips those. It prints the 15 slowest tests and
+# the peak RSS (tests/conftest.py; /usr/bin/time is not on a fresh Debian).
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -m "slow or not slow"
+	$(VENV)/bin/python -m pytest -m "slow or not slow" --durations=15
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -48,4 +48,5 @@ def rank_candidate(runner: Runner, name: str, samples: int | None) -> list[sensi
     count = samples or (options.fallback or FallbackOptions()).samples
     with contextlib.redirect_stdout(io.StringIO()):  # the quantizer's progress prints
         prepared = quantize_static.prepare(source, options, feeds, runner.scratch, needs_external_data(structure))
-        return sensitivity.rank(prepared, options, first_samples(feeds, count), runner.scratch)
+        return sensitivity.rank(prepared, options, first_samples(feeds, count), runner.scratch,
+                                progress=runner.observer.note)

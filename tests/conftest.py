@@ -89,3 +89,21 @@ def gated_digits(digits_dir: Path, module_cache: Path, monkeypatch: pytest.Monke
     recipe = digits_dir / "digits-cnn.yaml"
     edit_recipe(recipe, lambda d: d["validate"]["throughput"].update(duration_s=0.6, warmup_s=0.1, min_speedup=0.8))
     return recipe
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the run's peak resident memory, so CI shows whether the suite still fits its machine
+    (2 cores, 24 GiB shared; target: under 4 GiB). Children: the largest one (servers, probes), not a sum."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+    terminalreporter.write_sep("-", f"peak RSS: pytest {own:.2f} GiB, largest child process {child:.2f} GiB")
+
+
+@pytest.fixture(scope="session")
+def minilm_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One step cache for the slow MiniLM tests of a run: MiniLM's export and simplify (a minute or more
+    and GiBs each) are built once instead of once per test. Steps are content-addressed, so a test that
+    changes an option still builds its own step; sharing changes no result."""
+    return tmp_path_factory.mktemp("minilm-cache")

@@ -8,12 +8,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; never a display
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
-
 from temper.validators.report_model import FILE, CandidateMeasurement, Report, Tuning, dumps
 
 Readable = Report | Mapping[str, Any]  # a Report, or report.json's dict (validated on the way in)
@@ -253,9 +247,22 @@ def junit(report: Readable) -> ET.ElementTree:
     return ET.ElementTree(root)
 
 
+def _pyplot() -> Any:
+    """matplotlib.pyplot, imported when a plot is drawn: commands that only read reports skip its import."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _throughput_plot(report: Report, path: Path) -> Path:
     """samples/s against batch size: log x (sizes double), linear y from 0 with plain tick labels, and
     each model's round-to-round spread as an error bar."""
+    from matplotlib.ticker import StrMethodFormatter
+
+    plt = _pyplot()
     series = {"baseline": report.baseline.throughput} | {n: c.throughput for n, c in report.candidates.items()}
     providers = sorted({m.provider for ms in series.values() for m in ms})
     fig, axes = plt.subplots(1, len(providers), figsize=(6 * len(providers), 4), squeeze=False)
@@ -272,7 +279,7 @@ def _throughput_plot(report: Report, path: Path) -> Path:
         ax.set_xticks(sizes, [str(b) for b in sizes])
         ax.minorticks_off()
         ax.set_ylim(bottom=0)
-        ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
+        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
         ax.legend()
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
@@ -284,6 +291,7 @@ def _throughput_plot(report: Report, path: Path) -> Path:
 def _tradeoff_plot(report: Report, path: Path) -> Path:
     """Accuracy drop against speedup at the largest batch size, with the speedup's confidence
     interval as a horizontal error bar and both budgets as lines."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, c in report.candidates.items():
         if c.drop is None or not c.throughput:
@@ -309,6 +317,7 @@ def _tradeoff_plot(report: Report, path: Path) -> Path:
 
 def _sensitivity_plot(name: str, tuning: Tuning, path: Path) -> Path:
     top = tuning.ranking[:20]
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.3 * len(top) + 1.5))
     labels = [r.node if len(r.node) <= 60 else "…" + r.node[-59:] for r in top]
     ax.barh(range(len(top)), [r.sqnr_db for r in top], color="tab:red")

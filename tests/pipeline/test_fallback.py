@@ -85,7 +85,9 @@ def test_a_budget_the_fallback_cannot_meet_keeps_the_best_model_and_reports_ever
 @pytest.mark.skipif(not profile().vnni,
                     reason="premise: the VNNI preset's u8 x s8 model computed exactly; without VNNI "
                            "ONNX Runtime's u8 x s8 kernels saturate, so its drops were never measured")
-def test_on_minilm_plain_static_int8_misses_the_budget_and_the_fallback_meets_it(temper, tmp_path, monkeypatch):
+def test_on_minilm_plain_static_int8_misses_the_budget_and_the_fallback_meets_it(temper, tmp_path, monkeypatch,
+                                                                                  minilm_cache):
+    monkeypatch.setenv("TEMPER_CACHE_DIR", str(minilm_cache))  # the run's MiniLM export, built once
     recipe = tmp_path / "minilm-static.yaml"
     recipe.write_text((RECIPES / "minilm-static.yaml").read_text())
     for name in ("minilm_model.py", "minilm_data.py"):
@@ -159,3 +161,161 @@ def test_the_fallback_is_rebuilt_when_a_gate_it_aims_at_changes_and_cached_other
     assert "int8-static › quantize  cached" in temper("run", gated_digits, "--output", out).stderr
     edit_recipe(gated_digits, lambda d: d["validate"]["fidelity"].update(cosine_min=0.999))  # a gate it aims at
     assert "int8-static › quantize  cached" not in temper("run", gated_digits, "--output", out).stderr
+
+
+# -- the streamed ranking ------------------------------------------------------------------------
+def _reference_rank(prepared, options, feeds, scratch: Path) -> list[sensitivity.NodeSensitivity]:
+    """The ranking as it was computed before it streamed: qdq_loss_debug's every-tensor-an-output
+    models, each batch's activations all held at once, energies over whole float64 copies."""
+    from onnxruntime.quantization import qdq_loss_debug as debug
+
+    from temper.pipeline.steps.quantize import quantize_static
+
+    def energies(reference: list[np.ndarray], test: list[np.ndarray]) -> tuple[float, float]:
+        a = np.concatenate([np.ravel(x) for x in reference]).astype(np.float64)
+        b = np.concatenate([np.ravel(x) for x in test]).astype(np.float64)
+        finite = np.isfinite(a) & np.isfinite(b)
+        if np.any(~finite & ~(a == b)):
+            return float(np.dot(a[finite], a[finite])), float("inf")
+        a, b = a[finite], b[finite]
+        return float(np.dot(a, a)), float(np.dot(a - b, a - b))
+
+    qdq = scratch / "reference-qdq.onnx"
+    quantize_static.write(prepared, qdq, options.model_copy(update={"format": "qdq"}), [])
+    float_aug, qdq_aug = scratch / "reference-float-aug.onnx", scratch / "reference-qdq-aug.onnx"
+    debug.modify_model_output_intermediate_tensors(str(prepared.model), str(float_aug),
+                                                   save_as_external_data=prepared.large)
+    debug.modify_model_output_intermediate_tensors(str(qdq), str(qdq_aug), save_as_external_data=prepared.large)
+    sums: dict[str, dict[str, list[float]]] = {"local": {}, "accumulated": {}}
+
+    def add(kind: str, tensor: str, reference: list[np.ndarray], test: list[np.ndarray]) -> None:
+        total = sums[kind].setdefault(tensor, [0.0, 0.0])
+        for index, value in enumerate(energies(reference, test)):
+            total[index] += value
+
+    for feed in feeds:
+        matched = debug.create_activation_matching(debug.collect_activations(str(qdq_aug), iter([feed])),
+                                                   debug.collect_activations(str(float_aug), iter([feed])))
+        for tensor, pair in matched.items():
+            add("local", tensor, pair["pre_qdq"], pair["post_qdq"])
+            if pair.get("float"):
+                add("accumulated", tensor, pair["float"], pair["post_qdq"])
+    db = {kind: {t: sensitivity._sqnr(*s) for t, s in found.items()} for kind, found in sums.items()}
+    weights = {name: sensitivity._sqnr(*energies([m["float"]], [m["dequantized"]]))
+               for name, m in debug.create_weight_matching(str(prepared.model), str(qdq)).items()
+               if np.size(m["float"]) > 1}
+    return sensitivity._nodes(prepared.structure, db["local"] | weights, db["accumulated"])
+
+
+def _prepare_conv(folder: Path, large: bool):
+    """The conv net of the quantize tests, calibrated: its input and every activation are quantized."""
+    from temper.pipeline.step_options import QuantizeOptions
+    from temper.pipeline.steps.quantize import quantize_static
+    from tests.pipeline.steps.quantize_models import conv_net, heavy_tailed
+
+    options = QuantizeOptions(mode="static")
+    feeds = [heavy_tailed(seed, rows=8) for seed in range(3)]
+    return quantize_static.prepare(conv_net(folder / "net.onnx"), options, feeds, folder, large), options, feeds
+
+
+@pytest.fixture(scope="module")
+def prepared_conv(tmp_path_factory: pytest.TempPathFactory):
+    return _prepare_conv(tmp_path_factory.mktemp("prepared-conv"), False)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, sensitivity.CHUNK_BYTES], ids=["one-activation-chunks", "one-chunk"])
+def test_the_streamed_ranking_equals_the_all_at_once_computation(prepared_conv, chunk_bytes, tmp_path):
+    prepared, options, feeds = prepared_conv
+    notes: list[str] = []
+    streamed = sensitivity.rank(prepared, options, feeds, tmp_path, progress=notes.append, chunk_bytes=chunk_bytes)
+    reference = _reference_rank(prepared, options, feeds, tmp_path)
+    assert [(r.node, r.op_type, r.block) for r in streamed] == [(r.node, r.op_type, r.block) for r in reference]
+    assert len(streamed) >= 4
+    for ours, theirs in zip(streamed, reference, strict=True):
+        assert ours.sqnr_db == pytest.approx(theirs.sqnr_db, abs=0.011)
+        assert (ours.accumulated_db is None) == (theirs.accumulated_db is None)
+        assert ours.accumulated_db == pytest.approx(theirs.accumulated_db, abs=0.011)
+    # progress: every batch of every chunk, ending with the last chunk's last batch
+    assert notes and all(note.startswith("sensitivity: ") for note in notes)
+    assert notes[-1].endswith(f"batch {len(feeds)}/{len(feeds)}")
+    chunks = len(notes) // len(feeds)
+    assert len(notes) == chunks * len(feeds)
+    if chunk_bytes == 1:  # a chunk per activation: as many chunks as measured activations
+        total = int(notes[-1].split("/")[1].split()[0])
+        assert chunks == total > 4
+    else:  # shape inference sizes every activation of the conv net, and they all fit in one chunk
+        assert chunks == 1
+
+
+def test_a_model_with_external_weights_is_ranked_the_same_from_its_files(tmp_path):
+    """Models over 2 GB keep their weights in files beside them: the cut-down models must find them."""
+    import onnx
+
+    prepared, options, feeds = _prepare_conv(tmp_path, True)
+    assert any(i.data_location == onnx.TensorProto.EXTERNAL
+               for i in onnx.load(str(prepared.model), load_external_data=False).graph.initializer)
+    streamed = sensitivity.rank(prepared, options, feeds, tmp_path, chunk_bytes=1)
+    reference = _reference_rank(prepared, options, feeds, tmp_path)
+    assert [r.node for r in streamed] == [r.node for r in reference] and len(streamed) >= 4
+    assert [r.sqnr_db for r in streamed] == pytest.approx([r.sqnr_db for r in reference], abs=0.011)
+    assert [r.accumulated_db for r in streamed] == pytest.approx([r.accumulated_db for r in reference], abs=0.011)
+
+
+def test_energies_summed_in_slices_equal_the_whole_array_computation(monkeypatch):
+    rng = np.random.default_rng(3)
+    reference = [rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal(11).astype(np.float32)]
+    test = [r + rng.normal(0, 0.01, r.shape).astype(np.float32) for r in reference]
+    whole = sensitivity._energies(reference, test)
+    monkeypatch.setattr(sensitivity, "SLICE", 4)  # slices that split both arrays
+    assert sensitivity._energies(reference, test) == pytest.approx(whole, rel=1e-12)
+    masked = [np.array([1.0, -np.inf, 2.0, 3.0, -np.inf], np.float32)]  # the same -inf in both: no noise
+    assert sensitivity._energies(masked, [masked[0].copy()]) == (14.0, 0.0)
+    broken = masked[0].copy()
+    broken[4] = np.nan  # the last slice breaks it, after finite noise was summed
+    assert sensitivity._energies(masked, [broken]) == (14.0, float("inf"))
+
+
+_MEMORY_PROBE = """
+import resource, sys
+from pathlib import Path
+import numpy as np
+from temper.pipeline.step_options import QuantizeOptions
+from temper.pipeline.steps.quantize import quantize_static, sensitivity
+
+folder, width, depth, chunk_bytes = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+prepared = quantize_static.Prepared(folder / "preprocessed.onnx", folder / "ranges.json", False)
+options, rng = QuantizeOptions(mode="static"), np.random.default_rng(1)
+sensitivity.rank(prepared, options, [{"x": rng.standard_normal((1, width), np.float32)}], folder)  # warm
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+wide = [{"x": rng.standard_normal((8, width), np.float32)}]
+assert len(sensitivity.rank(prepared, options, wide, folder, chunk_bytes=chunk_bytes)) == depth
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+
+
+def test_the_ranking_holds_about_chunk_bytes_of_activations_not_the_whole_model(tmp_path):
+    """A chain of 8 Mul whose activations are 32 MiB for the batch ranked: all at once is 8 x 3
+    tensors (the QDQ model's before and after each Q/DQ pair, the float model's) = 768 MiB; in 64 MiB
+    chunks the ranking must stay far below that. Ranked in a fresh process, so that the peak RSS it
+    adds is the ranking's own; calibrated here on one row, far below that."""
+    import subprocess
+    import sys
+
+    from onnx import helper, numpy_helper
+
+    from temper.pipeline.step_options import QuantizeOptions
+    from temper.pipeline.steps.quantize import quantize_static
+    from tests.pipeline.steps.quantize_models import save_model
+
+    width, depth = 1 << 20, 8  # 4 MiB a row
+    inits = [numpy_helper.from_array(np.array([1.0 + i / 64], np.float32), f"w{i}") for i in range(depth)]
+    nodes = [helper.make_node("Mul", [f"t{i - 1}" if i else "x", f"w{i}"], [f"t{i}" if i < depth - 1 else "y"],
+                              name=f"mul{i}") for i in range(depth)]
+    src = save_model(nodes, inits, ["batch", width], ["batch", width], tmp_path / "chain.onnx")
+    one_row = [{"x": np.random.default_rng(0).standard_normal((1, width), np.float32)}]
+    quantize_static.prepare(src, QuantizeOptions(mode="static"), one_row, tmp_path, False)
+    run = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, str(tmp_path), str(width), str(depth), str(64 * 2**20)],
+                         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], check=False)
+    assert run.returncode == 0, run.stderr
+    grew_mib = int(run.stdout.split()[-1])
+    assert grew_mib < 300, f"peak RSS grew {grew_mib} MiB during the ranking"

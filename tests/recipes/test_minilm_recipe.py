@@ -14,6 +14,12 @@ from tests.conftest import RECIPES, edit_recipe
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(autouse=True)
+def _shared_export(minilm_cache, monkeypatch):
+    """The MiniLM tests of the run share one step cache (tests/conftest.py: minilm_cache)."""
+    monkeypatch.setenv("TEMPER_CACHE_DIR", str(minilm_cache))
+
+
 def _embed(path, feed):
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return session.run(None, feed)[0]

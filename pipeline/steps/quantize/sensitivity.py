@@ -4,14 +4,20 @@ Built on ONNX Runtime's qdq_loss_debug: both the float and a QDQ model get every
 an output; the QDQ model shows each activation before and after its Q/DQ pair. A node's score is
 the worst signal-to-quantization-noise ratio (dB) among the tensors it reads or writes that were
 quantized, weights included: low means the INT8 grid cannot hold that tensor (outliers, a -inf
-attention mask in the range). Batches are reduced one at a time, so memory stays at one batch of
-activations whatever the sample count.
+attention mask in the range).
+
+Memory stays bounded whatever the model and sample count: the tensors are read a chunk at a time
+(tensor_probe: a cut-down model per chunk, about `chunk_bytes` of activations for one batch), every
+batch runs through each chunk and is reduced to signal and noise energy sums at once, in float64
+slices. Reading everything in one run held every activation of a batch (MiniLM: 17.9 GiB).
+The price is one forward pass per chunk and batch, over the part of the graph the chunk needs.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,9 +29,12 @@ from onnxruntime.quantization import qdq_loss_debug as debug
 from temper.pipeline.onnx_io import Batch
 from temper.pipeline.step_options import QuantizeOptions
 from temper.pipeline.steps.quantize import quantize_static
+from temper.pipeline.steps.quantize.tensor_probe import Probe, named_dims, saved_tensors
 
 # PyTorch names repeated modules `layer.3`, `blocks.2`: the block is the path up to that index.
 _BLOCK = re.compile(r"^(.*?/[A-Za-z_]+\.\d+)/")
+
+CHUNK_BYTES = 2**30  # activations of one batch held at once, both models together
 
 
 @dataclass(frozen=True)
@@ -41,22 +50,16 @@ class NodeSensitivity:
 
 
 def rank(prepared: quantize_static.Prepared, options: QuantizeOptions, feeds: list[Batch],
-         scratch: Path) -> list[NodeSensitivity]:
-    """The quantized nodes of `prepared.model`, most harmful first."""
+         scratch: Path, *, progress: Callable[[str], None] | None = None,
+         chunk_bytes: int = CHUNK_BYTES) -> list[NodeSensitivity]:
+    """The quantized nodes of `prepared.model`, most harmful first. `progress` hears how many
+    activations are measured so far; `chunk_bytes` bounds the activations held at once."""
     qdq = scratch / "sensitivity-qdq.onnx"
     quantize_static.write(prepared, qdq, options.model_copy(update={"format": "qdq"}), [])
-    float_aug, qdq_aug = scratch / "sensitivity-float.onnx", scratch / "sensitivity-qdq-aug.onnx"
-    debug.modify_model_output_intermediate_tensors(str(prepared.model), str(float_aug),
-                                                   save_as_external_data=prepared.large)
-    debug.modify_model_output_intermediate_tensors(str(qdq), str(qdq_aug), save_as_external_data=prepared.large)
     local, accumulated = _Ratio(), _Ratio()
-    for feed in feeds:
-        matched = debug.create_activation_matching(debug.collect_activations(str(qdq_aug), iter([feed])),
-                                                   debug.collect_activations(str(float_aug), iter([feed])))
-        for tensor, pair in matched.items():
-            local.add(tensor, pair["pre_qdq"], pair["post_qdq"])
-            if pair.get("float"):
-                accumulated.add(tensor, pair["float"], pair["post_qdq"])
+    for note in _measure(prepared.model, qdq, feeds, chunk_bytes, local, accumulated):
+        if progress is not None:
+            progress(note)
     tensors = local.db()
     # Scalars (GELU's 0.5, shared by every layer) are not weights that can hurt: their matching is
     # unreliable and one bad reading would tie every node that reads them.
@@ -64,6 +67,54 @@ def rank(prepared: quantize_static.Prepared, options: QuantizeOptions, feeds: li
                for name, m in debug.create_weight_matching(str(prepared.model), str(qdq)).items()
                if np.size(m["float"]) > 1}
     return _nodes(prepared.structure, tensors | weights, accumulated.db())
+
+
+
+def _measure(float_model: Path, qdq_model: Path, feeds: list[Batch], chunk_bytes: int, local: _Ratio,
+             accumulated: _Ratio) -> Iterator[str]:
+    """Add each activation's QDQ error (before vs after its Q/DQ pair) to `local` and its error against
+    the float model to `accumulated`, a chunk of activations at a time; yields progress per batch.
+
+    The pairing is qdq_loss_debug's own (create_activation_matching), applied to names. A chunk holds
+    about `chunk_bytes` by the shapes shape inference gives; an activation of unknown size counts as
+    the largest one read so far, and goes alone while none was read."""
+    qdq_saved, float_saved = saved_tensors(qdq_model), saved_tensors(float_model)
+    matched = debug.create_activation_matching({t: t for t in qdq_saved}, {t: t for t in float_saved})
+    pairs = [(name, m["pre_qdq"], m["post_qdq"], m.get("float")) for name, m in matched.items()]
+    named = named_dims(float_model, feeds)
+
+    def estimate(pre: str, post: str, reference: str | None) -> int | None:
+        sizes = [qdq_saved[pre].nbytes(named), qdq_saved[post].nbytes(named),
+                 float_saved[reference].nbytes(named) if reference else 0]
+        return None if None in sizes else sum(s for s in sizes if s is not None)
+
+    qdq_probe, float_probe = Probe(qdq_model, qdq_saved), Probe(float_model, float_saved)
+    done, largest = 0, 0
+    while done < len(pairs):
+        chunk, held = [], 0
+        for pair in pairs[done:]:
+            known = estimate(*pair[1:])
+            if known is None and not largest:  # unknown size, nothing read yet: alone
+                chunk = chunk or [pair]
+                break
+            size = largest if known is None else known
+            if chunk and held + size > chunk_bytes:
+                break
+            chunk.append(pair)
+            held += size
+        floats = [f for *_, f in chunk if f is not None]
+        qdq_reads = qdq_probe.read([t for _, pre, post, _ in chunk for t in (pre, post)], feeds)
+        float_reads = float_probe.read(floats, feeds) if floats else iter([{}] * len(feeds))
+        for batch, (q, f) in enumerate(zip(qdq_reads, float_reads, strict=True), 1):
+            for name, pre, post, reference in chunk:
+                local.add(name, [q[pre]], [q[post]])
+                if reference is not None:
+                    accumulated.add(name, [f[reference]], [q[post]])
+                largest = max(largest, q[pre].nbytes + q[post].nbytes + (f[reference].nbytes if reference else 0))
+            del q, f  # before the next batch's run, so one batch of the chunk is held at a time
+            yield f"sensitivity: {done}/{len(pairs)} activations measured, chunk of {len(chunk)}: " \
+                  f"batch {batch}/{len(feeds)}"
+        done += len(chunk)
 
 
 def block_of(node: str) -> str:
@@ -103,16 +154,26 @@ class _Ratio:
 
 def _energies(reference: list[np.ndarray], test: list[np.ndarray]) -> tuple[float, float]:
     """Signal and noise energy; a NaN/Inf where the reference has a different value is infinite noise
-    (a quantized attention mask turns scores into NaN, which a later Where quietly zeroes)."""
-    a = np.concatenate([np.ravel(x) for x in reference]).astype(np.float64)
-    b = np.concatenate([np.ravel(x) for x in test]).astype(np.float64)
-    finite = np.isfinite(a) & np.isfinite(b)
-    if np.any(~finite & ~(a == b)):
-        return float(np.dot(a[finite], a[finite])), float("inf")
-    a, b = a[finite], b[finite]
-    return float(np.dot(a, a)), float(np.dot(a - b, a - b))
+    (a quantized attention mask turns scores into NaN, which a later Where quietly zeroes). Summed in
+    float64 a slice at a time: a whole copy of a BERT attention tensor in float64 is gigabytes."""
+    signal, noise = 0.0, 0.0
+    for ref, out in zip(reference, test, strict=True):
+        ref, out = np.ravel(ref), np.ravel(out)
+        for start in range(0, ref.size, SLICE):
+            a, b = ref[start:start + SLICE].astype(np.float64), out[start:start + SLICE].astype(np.float64)
+            finite = np.isfinite(a)
+            finite &= np.isfinite(b)
+            if not finite.all():
+                if np.any(~finite & ~(a == b)):
+                    noise = float("inf")
+                a, b = a[finite], b[finite]
+            signal += float(np.dot(a, a))
+            b -= a
+            noise += float(np.dot(b, b))
+    return signal, noise
 
 
+SLICE = 1 << 20  # elements per float64 slice (8 MiB per operand)
 NOISELESS_DB = 200.0  # a tensor the INT8 grid reproduces exactly (all zeros, a constant)
 BROKEN_DB = -200.0  # NaN/Inf where the float model has numbers
 

@@ -2,18 +2,40 @@
 # the project (with the recipes' and tests' extras); later uses reuse it until pyproject.toml changes.
 PYTHON ?= python3
 VENV   ?= .venv
+BIN    := $(abspath $(VENV))/bin
 STAMP  := $(VENV)/.installed-stamp
+TYPES  := build/types
 
-.PHONY: run test
-run: $(STAMP)
-	$(VENV)/bin/temper run recipes/digits-cnn.yaml
+.PHONY: help run test test-fast check lint types unit
+help:  ## list the targets
+	@awk -F':.*## ' '/^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-# Lint (ruff, configured in pyproject.toml), then the whole suite, slow MiniLM tests included
-# (target: 15 minutes on 2 cores); plain `pytest` skips those. It prints the 15 slowest tests and
-# the peak RSS (tests/conftest.py; /usr/bin/time is not on a fresh Debian).
-test: $(STAMP)
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -m "slow or not slow" --durations=15
+run: $(STAMP)  ## build, gate and publish the digits recipe (the main job)
+	$(BIN)/temper run recipes/digits-cnn.yaml
+
+# Lint, types, then the whole suite, slow MiniLM tests included (target: 15 minutes on 2 cores);
+# plain `pytest` skips those. It prints the 15 slowest tests and the peak RSS (tests/conftest.py;
+# /usr/bin/time is not on a fresh Debian).
+test: lint types $(STAMP)  ## what CI runs: ruff, mypy, the whole suite
+	$(BIN)/python -m pytest -m "slow or not slow" --durations=15
+
+test-fast: $(STAMP)  ## the default pytest run: every test not marked slow
+	$(BIN)/python -m pytest --durations=15
+
+check: lint types unit  ## lint, types and the unit + layer tests: no model is built
+
+lint: $(STAMP)  ## ruff (configured in pyproject.toml)
+	$(BIN)/ruff check .
+
+# mypy cannot follow setuptools' editable-install finder, so it checks a view of the folders under
+# their installed names: build/types/temper/{pipeline,calibration,validators,artifacts} are symlinks.
+types: $(STAMP)  ## mypy with the pydantic plugin (configured in pyproject.toml)
+	@mkdir -p $(TYPES)/temper
+	@for pkg in pipeline calibration validators artifacts; do ln -sfn ../../../$$pkg $(TYPES)/temper/$$pkg; done
+	cd $(TYPES) && $(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p temper
+
+unit: $(STAMP)  ## the pure cores and the layer rules, in seconds
+	$(BIN)/python -m pytest tests/unit tests/test_layers.py
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -85,7 +86,7 @@ def config_for(model_path: Path, name: str, **serving: object) -> ServingConfig:
                          **serving)
 
 
-def write(dest: Path, model_path: Path, config: ServingConfig, extras: list[Path] = ()) -> Path:
+def write(dest: Path, model_path: Path, config: ServingConfig, extras: Sequence[Path] = ()) -> Path:
     """Assemble a bundle folder (model as model.onnx, its external data, runtime.json, extras)."""
     dest.mkdir(parents=True, exist_ok=True)
     if model_path.name == MODEL:

@@ -161,11 +161,9 @@ def _budget(value: Any) -> float | str:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{value!r} is not a budget: use a number like 0.01 (absolute) "
                          "or a string like '1%' (relative)")
-    number = value
-    if isinstance(value, str):
-        number = percent(value)
-        if number is None:
-            raise ValueError(f"{value!r} is not a budget: a relative budget is a percentage like '1%'")
+    number = percent(value) if isinstance(value, str) else float(value)
+    if number is None:
+        raise ValueError(f"{value!r} is not a budget: a relative budget is a percentage like '1%'")
     if not math.isfinite(number):  # NaN fails every comparison (and is not JSON): every candidate would fail
         raise ValueError(f"{value!r} is not a budget: use a finite number like 0.01 (absolute) "
                          "or a string like '1%' (relative)")
@@ -200,7 +198,7 @@ class AccuracyGate(Strict):
                              f"{'0' if self.metric == 'mse' else '1'} against itself; give an absolute number")
         span = {"top1": 1.0, "topk": 1.0, "f1": 1.0, "probe": 1.0, "cosine": 2.0}.get(self.metric)
         relative = isinstance(self.max_drop, str)
-        drop = float(self.max_drop.strip().rstrip("%")) if relative else self.max_drop
+        drop = float(self.max_drop.strip().rstrip("%")) if isinstance(self.max_drop, str) else self.max_drop
         if span is not None and (drop >= 100 if relative else drop >= span):
             raise ValueError(f"max_drop {self.max_drop!r} can never be exceeded "
                              f"({self.metric} spans at most {span:g}), "
@@ -262,7 +260,7 @@ class ThroughputSpec(Strict):
     """Batched throughput of the baseline and every candidate; `min_speedup` gates each batch size."""
 
     batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
-    providers: list[Provider] = Field(default_factory=lambda: ["cpu"], min_length=1)
+    providers: list[Provider] = Field(default_factory=lambda: list[Provider](["cpu"]), min_length=1)
     duration_s: float = Field(
         3.0, gt=0, allow_inf_nan=False, description="timed seconds per model, batch size and provider")
     warmup_s: float = Field(0.5, ge=0, allow_inf_nan=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from temper.pipeline.recipe import FidelitySlice, ValidateSpec
+from temper.pipeline.recipe import FidelityGate, FidelitySlice, ValidateSpec
 from temper.validators.gates import Gate, at_least, at_most
 from temper.validators.report_model import Comparison, OutputSlice
 
@@ -90,6 +90,7 @@ def fidelity_gates(comparisons: list[Comparison], spec: ValidateSpec) -> list[Ga
     parts = {p.label: p for p in fidelity.slices} if fidelity else {}
     gates = []
     for c in comparisons:
+        bounds: FidelityGate | FidelitySlice | None
         if c.slice is None:
             gates.append(Gate(f"fidelity.{c.name}.finite", c.nonfinite == 0, float(c.nonfinite), 0.0,
                               f"{c.nonfinite} NaN/Inf values" if c.nonfinite else "all values finite"))

@@ -274,9 +274,9 @@ def _throughput_plot(report: Report, path: Path) -> Path:
                 half = [v * p / 200 for v, p in zip(speeds, spreads)]
                 ax.errorbar(sizes, speeds, yerr=half, marker="o", capsize=3, label=name,
                             linestyle="--" if name == "baseline" else "-")
-        sizes = sorted({m.batch_size for ms in series.values() for m in ms})
+        batch_sizes = sorted({m.batch_size for ms in series.values() for m in ms})
         ax.set(xscale="log", xlabel="batch size", ylabel="samples/s", title=f"{report.recipe} on {provider}")
-        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.set_xticks(batch_sizes, [str(b) for b in batch_sizes])
         ax.minorticks_off()
         ax.set_ylim(bottom=0)
         ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))

@@ -166,14 +166,14 @@ def random_inputs(model: onnx.ModelProto, rows: int, sizes: dict[str, int]) -> d
         raise OptionError("--dim", f"symbolic dims need a size: {', '.join(missing)} "
                                    f"(give --dim NAME=SIZE; given: {given})")
     feed: dict[str, np.ndarray] = {}
-    for name, shape in shapes.items():
+    for name, concrete in shapes.items():
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(types[name]))
         if dtype.kind == "f":
-            feed[name] = rng.standard_normal(shape).astype(dtype)
+            feed[name] = rng.standard_normal(concrete).astype(dtype)
         elif dtype.kind in "iu":
-            feed[name] = rng.integers(0, 100, shape).astype(dtype)
+            feed[name] = rng.integers(0, 100, concrete).astype(dtype)
         elif dtype.kind == "b":
-            feed[name] = rng.integers(0, 2, shape).astype(bool)
+            feed[name] = rng.integers(0, 2, concrete).astype(bool)
         else:
             raise OptionError("MODEL", f"input '{name}' has type {dtype}, which random data cannot fill: "
                                        "use `temper run` with real data")

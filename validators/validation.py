@@ -141,6 +141,7 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
 
 def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[str, np.ndarray]) -> None:
     spec = subject.spec.throughput
+    assert spec is not None  # called only when the recipe measures throughput
     for provider in spec.providers:
         session_for(subject.baseline, provider)  # EnvironmentProblem (exit 3) when it is not really there
     for name, path in {"baseline": subject.baseline, **built}.items():
@@ -225,7 +226,8 @@ def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.n
 def _undecided(up: Speedup, size: int, provider: str, spec: ThroughputSpec) -> bool:
     """Whether more rounds could settle something: a speed gate at `size`, or, at the ranking batch
     size and provider, whether the candidate is faster than the baseline at all (selection's rule)."""
-    gate = size in spec.gated_sizes and up.decide(spec.min_speedup) == "undecided"
+    gate = (spec.min_speedup is not None and size in spec.gated_sizes
+            and up.decide(spec.min_speedup) == "undecided")
     ranking = (provider, size) == (spec.providers[0], max(spec.batch_sizes)) and up.decide(1.0) == "undecided"
     return gate or ranking
 

@@ -3,9 +3,11 @@ serving runtime loads and the Triton exporter reads. Imports nothing from pipeli
 
     <bundle>/
       model.onnx      the selected candidate
-      runtime.json    ServingConfig: tensors, batching limits, padding, the host speed was measured on
-      report.json     the gate verdicts that let it ship (optional)
-      manifest.json   its lineage (optional)
+      runtime.json    ServingConfig: tensors, batching limits, padding, the host speed was measured on,
+                      the library versions the gates ran on
+      report.json     the gate verdicts that let it ship; names the model (`selected`)
+      manifest.json   its lineage and sha256: the model is checked against it before it serves
+                      (a hand-made bundle without one serves with a warning)
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ class ServingConfig(BaseModel):
     measured_on: HostProfile | None = Field(
         None,
         description="the host the bundle's speed gates were measured on; serving warns on a host lacking its features",
+    )
+    gated_with: dict[str, str] = Field(
+        default_factory=dict,
+        description="library versions the bundle's gates ran on (onnxruntime, onnx, numpy, temper-ml); serving "
+                    "warns when it runs on others",
     )
 
 

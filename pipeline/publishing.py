@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from temper.artifacts import bundle
+from temper.artifacts import bundle, versions
 from temper.artifacts.host import HostProfile
 from temper.artifacts.registry import Published, connect, record_run, register
 from temper.pipeline.cache import MODEL_FILE
@@ -73,7 +73,7 @@ def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str
             model = folder / selected / MODEL_FILE
             tags |= _version_tags(loaded, report, selected, model)
             config = bundle.config_for(model, spec.mlflow.registered_model, measured_on=host,
-                                       **spec.serving.model_dump())
+                                       gated_with=versions.current(), **spec.serving.model_dump())
             packed = bundle.write(Path(tmp) / "bundle", model, config, [folder / REPORT_FILE, folder / MANIFEST])
             run_id, model_uri = record_run(
                 client, experiment=spec.mlflow.experiment, run_name=spec.mlflow.registered_model,

@@ -18,6 +18,8 @@ from rich.text import Text
 from temper.pipeline.cli.common import TrackingOpt, app, err, out
 from temper.pipeline.errors import EnvironmentProblem, RecipeError, first_line
 
+PULL_AGAIN = "pull it again with `temper pull`, or rebuild it with `temper run`"
+
 
 @app.command()
 def promote(
@@ -47,12 +49,16 @@ def pull(
     dest: Annotated[Path, typer.Option("--dest", help="folder to write the serving bundle into")],
     tracking_uri: TrackingOpt = None,
 ) -> None:
-    """Download a registered version's serving bundle (model, runtime config, report) for deployment."""
+    """Download a registered version's serving bundle (model, runtime config, report, manifest) for deployment,
+    after checking its model against the manifest. DIR must be new, empty or an earlier pull's."""
+    from temper.artifacts.folders import MARKER
+
     with _fetched(uri, tracking_uri, "URI", dest) as (folder, name, version, tags):
         out.print(f"pulled {name} version {version} ({tags.get('precision', '?')}, candidate "
                   f"{tags.get('candidate', '?')}) into {folder}:")
         for item in sorted(folder.iterdir()):
-            out.print(f"  {item.name}  {item.stat().st_size:,} bytes")
+            if item.name != MARKER:  # the marker that lets a later pull replace the folder
+                out.print(f"  {item.name}  {item.stat().st_size:,} bytes")
 
 
 @app.command()
@@ -97,8 +103,9 @@ def serve(
             runtime = Runtime(folder, config=config)
         except Exception as exc:  # an invalid runtime.json, a model onnxruntime cannot load
             raise RecipeError(model, "MODEL", f"cannot load the bundle: {first_line(exc)}") from exc
-        if runtime.host_warning:  # the root logger is at ERROR without --debug: the log line alone goes unseen
-            err.print(Text.assemble(("warning: ", "yellow"), runtime.host_warning), soft_wrap=True)
+        for warning in (runtime.host_warning, runtime.drift_warning):
+            if warning:  # the root logger is at ERROR without --debug: the log line alone goes unseen
+                _warn(warning)
         name = runtime.config.name
         max_body = int(max_body_mb * 1024 * 1024) if max_body_mb else body_limit(runtime.config)
         out.print(f"serving {name} ({runtime.engine}) at http://{host}:{sock.getsockname()[1]}/v2/models/{name} "
@@ -141,12 +148,18 @@ def export_triton(
             out.print(f"  {item.relative_to(dest)}  {item.stat().st_size:,} bytes")
 
 
+def _warn(text: str) -> None:
+    err.print(Text.assemble(("warning: ", "yellow"), text), soft_wrap=True)
+
+
 @contextmanager
 def _fetched(uri: str, tracking: str | None, key: str, dest: Path | None = None
              ) -> Iterator[tuple[Path, str, str, dict[str, str]]]:
     """(folder, name, version, version tags) of a registered model's serving bundle, downloaded into
-    `dest`, or into a temporary folder that goes when the block ends. `key` names the argument."""
-    from temper.artifacts.registry import NoSuchModel, StoreUnreachable, fetch
+    `dest`, or into a temporary folder that goes when the block ends, and checked against its manifest.
+    `key` names the argument."""
+    from temper.artifacts.integrity import Mismatch
+    from temper.artifacts.registry import FolderInUse, NoSuchModel, StoreUnreachable, fetch
 
     with tempfile.TemporaryDirectory(prefix="temper-bundle-") as tmp:
         try:
@@ -155,13 +168,37 @@ def _fetched(uri: str, tracking: str | None, key: str, dest: Path | None = None
             raise EnvironmentProblem(str(exc)) from exc
         except NoSuchModel as exc:
             raise RecipeError(uri, key, str(exc)) from exc
+        except FolderInUse as exc:
+            raise RecipeError(str(dest), "--dest", str(exc)) from None
+        except Mismatch as exc:  # the downloaded model is not the one its manifest records: not delivered
+            raise RecipeError(str(exc.file), "", str(exc)) from None
+        if got.unchecked:
+            _warn(got.unchecked)
         yield got.folder, got.name, got.version, got.tags
+
+
+def _checked(folder: Path, shown_as: str, remedy: str) -> None:
+    """A bundle's model checked against the manifest it ships: a mismatch is one line naming the file
+    (exit 2); a bundle without a manifest (made by hand) gets a warning line and is used as it is."""
+    from temper.artifacts.integrity import Mismatch, check_bundle
+
+    try:
+        unchecked = check_bundle(folder, remedy)
+    except Mismatch as exc:
+        raise RecipeError(f"{shown_as}/{exc.file.relative_to(folder)}", "", str(exc)) from None
+    if unchecked:
+        _warn(unchecked.replace(str(folder), shown_as))
 
 
 @contextmanager
 def _bundle(model: str, tracking: str | None) -> Iterator[Path]:
-    """A bundle folder as given, or a models:/ URI's bundle fetched for the block's length."""
+    """A bundle folder as given (checked against its manifest), or a models:/ URI's bundle fetched for the
+    block's length."""
+    from temper.artifacts.bundle import CONFIG
+
     if not model.startswith("models:/"):
+        if (Path(model) / CONFIG).is_file():
+            _checked(Path(model), model.rstrip("/"), PULL_AGAIN)
         yield Path(model)
         return
     with _fetched(model, tracking, "MODEL") as (folder, *_):
@@ -171,6 +208,7 @@ def _bundle(model: str, tracking: str | None) -> Iterator[Path]:
 @contextmanager
 def _located(model: str, tracking: str | None) -> Iterator[tuple[Path, object]]:
     """What `temper serve MODEL` serves: (model folder, its ServingConfig, or None to read runtime.json)."""
+    from temper.artifacts.integrity import Mismatch
     from temper.pipeline.outputs import servable
 
     if model.startswith("models:/"):
@@ -178,7 +216,11 @@ def _located(model: str, tracking: str | None) -> Iterator[tuple[Path, object]]:
             yield folder, None
         return
     try:
-        located = servable(Path(model))
+        folder, config = servable(Path(model))
+    except Mismatch as exc:  # a file of the run's output folder that is not the one its manifest records
+        raise RecipeError(str(exc.file), "", str(exc)) from None
     except ValueError as exc:
         raise RecipeError(model, "MODEL", str(exc)) from None
-    yield located
+    if config is None:  # a bundle folder
+        _checked(folder, model.rstrip("/"), PULL_AGAIN)
+    yield folder, config

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,7 +64,7 @@ def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str
     selected = report.selected
     host = report.host
     tags = {"recipe": loaded.recipe.name, "recipe_sha256": loaded.sha256, "passed": str(report.passed).lower(),
-            **{f"{lib}_version": importlib.metadata.version(lib) for lib in ("onnxruntime", "onnx", "temper-ml")},
+            **{f"{lib}_version": v for lib, v in versions.current().items()},
             **host_tags(host)}
     try:
         client = connect(tracking)

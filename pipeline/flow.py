@@ -6,7 +6,6 @@ tool gets the same verdict and exit code as `temper run` without going through t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -118,9 +117,9 @@ def revalidate_published(loaded: LoadedRecipe, uri: str, folder: Path, cache: St
     validate and select sections must equal them), on the evaluation data `loaded` names. The served candidate
     is required: it must still pass (exit 1 otherwise)."""
     from temper.artifacts import versions
-    from temper.artifacts.integrity import candidate_name, recorded
+    from temper.artifacts.integrity import Mismatch, candidate_name, read_manifest, recorded
     from temper.artifacts.registry import FolderInUse, NoSuchModel, StoreUnreachable, fetch_output
-    from temper.pipeline.outputs import MANIFEST, build_fingerprint
+    from temper.pipeline.outputs import build_fingerprint
 
     try:
         got = fetch_output(uri, tracking, folder)
@@ -130,7 +129,10 @@ def revalidate_published(loaded: LoadedRecipe, uri: str, folder: Path, cache: St
         raise RecipeError(uri, "--model", str(exc)) from exc
     except FolderInUse as exc:
         raise RecipeError(str(folder), "--output", str(exc)) from None
-    manifest = json.loads((got.folder / MANIFEST).read_text())
+    try:
+        manifest = read_manifest(got.folder, "publish it again with `temper run`")
+    except Mismatch as exc:
+        raise RecipeError(uri, "--model", f"its run's {exc.file.name} {exc}") from None
     if manifest.get("build_sha256") != build_fingerprint(loaded.recipe):
         raise RecipeError(loaded.file, "", f"{got.uri} was built from a different model, data or steps than this "
                                            "recipe has: pass the recipe that version was built from")

@@ -51,7 +51,7 @@ def test_validate_model_rechecks_a_published_version_with_its_recorded_gates(tem
     assert (f"re-checked: models:/digits-cnn/1 (candidate {selected}) still passes its recorded gates here; "
             "same runtime versions as when gated") in result.stdout, result.stdout
     again = json.loads((recheck / "report.json").read_text())
-    assert again["selected"] == selected and (selected == "baseline" or again["candidates"][selected]["passed"])
+    assert selected == "baseline" or again["candidates"][selected]["passed"]  # which one is fastest may change
     assert (recheck / "manifest.json").read_bytes() == (out / "manifest.json").read_bytes()  # the run's own models
     assert (recheck / "int8-dynamic" / "model.onnx").read_bytes() == (out / "int8-dynamic" / "model.onnx").read_bytes()
 

@@ -3,10 +3,11 @@ serving runtime loads and the Triton exporter reads. Imports nothing from pipeli
 
     <bundle>/
       model.onnx      the selected candidate
-      runtime.json    ServingConfig: tensors, batching limits, padding, the host speed was measured on
-                      and the session settings it was measured with
-      report.json     the gate verdicts that let it ship (optional)
-      manifest.json   its lineage (optional)
+      runtime.json    ServingConfig: tensors, batching limits, padding, the host speed was measured on,
+                      the session settings it was measured with and the library versions the gates ran on
+      report.json     the gate verdicts that let it ship; names the model (`selected`)
+      manifest.json   its lineage and sha256: the model is checked against it before it serves
+                      (a hand-made bundle without one serves with a warning)
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ class ServingConfig(BaseModel):
         description="the ONNX Runtime session settings the speed gates measured this model with (threads chosen "
                     "there); serving runs exactly these, choosing threads again only on a host with fewer usable "
                     "cores. null: nothing was measured, serving chooses threads at start",
+    )
+    gated_with: dict[str, str] = Field(
+        default_factory=dict,
+        description="library versions the bundle's gates ran on (onnxruntime, onnx, numpy, temper-ml); serving "
+                    "warns when it runs on others",
     )
 
 

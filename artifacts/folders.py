@@ -1,5 +1,5 @@
-"""Which folders temper may delete. A folder temper hands over (a run's output, a Triton model) carries
-a marker that proves temper wrote it; nothing without one is ever replaced. A working folder (staging,
+"""Which folders temper may delete. A folder temper hands over (a run's output, a pulled bundle, a Triton
+model) carries a marker that proves temper wrote it; nothing without one is ever replaced. A working folder (staging,
 scratch) carries its process id in its name, so a later run removes those of dead runs, never a live one's.
 """
 
@@ -41,6 +41,21 @@ def replaceable(folder: Path) -> bool:
     if not folder.exists():
         return True
     return folder.is_dir() and not folder.is_symlink() and (is_marked(folder) or not any(folder.iterdir()))
+
+
+def swap_in(staging: Path, target: Path) -> None:
+    """Put a finished `staging` folder in place of `target` (which `replaceable` allowed); if that is
+    interrupted half-way, the previous folder goes back where it was."""
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    try:
+        if target.exists():
+            os.replace(target, old)
+        os.replace(staging, target)
+    except BaseException:
+        if old.exists() and not target.exists():
+            os.replace(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def claim(parent: Path, prefix: str, mode: int = 0o777) -> Path:

@@ -30,6 +30,7 @@ from mlflow.models.model import ModelInfo
 from mlflow.types import Schema, TensorSpec
 
 from temper.artifacts.bundle import ServingConfig, read
+from temper.artifacts.integrity import Mismatch, check_bundle
 from temper.artifacts.runtime import RequestError, Runtime
 
 REQUIREMENTS = ("onnxruntime", "numpy", "pandas", "mlflow", "onnx", "pydantic", "psutil", "platformdirs")
@@ -43,9 +44,17 @@ class TemperModel(mlflow.pyfunc.PythonModel):
         # Warm up but start no batching thread: predict bypasses the queue, and a thread
         # would keep the session alive for the life of the process after every load
         # (log_model itself loads the model once to validate the input example).
-        self.runtime = Runtime(Path(context.artifacts["bundle"]))
-        if self.runtime.host_warning:  # reaches pyfunc users whatever their logging setup; filterable
-            warnings.warn(self.runtime.host_warning, RuntimeWarning, stacklevel=2)
+        folder = Path(context.artifacts["bundle"])
+        try:  # the model file is the one the manifest it ships records, before anything runs it
+            unchecked = check_bundle(folder, "download the model again, or publish it again with `temper run`")
+        except Mismatch as exc:
+            raise Mismatch(exc.file, f"{exc.file}: {exc}") from None
+        if unchecked:
+            warnings.warn(unchecked, RuntimeWarning, stacklevel=2)
+        self.runtime = Runtime(folder)
+        for warning in (self.runtime.host_warning, self.runtime.drift_warning):
+            if warning:  # reaches pyfunc users whatever their logging setup; filterable
+                warnings.warn(warning, RuntimeWarning, stacklevel=2)
         self.runtime.warm_up()
 
     # model_input is deliberately unannotated: MLflow derives a schema from that type hint

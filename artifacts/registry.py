@@ -13,7 +13,8 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,13 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.tracking import MlflowClient
 
 from temper.artifacts.bundle import CONFIG
+from temper.artifacts.folders import MARKER, claim, mark, replaceable, swap_in, sweep
+from temper.artifacts.integrity import Mismatch, check_bundle
 
 DEFAULT_DB = "mlflow.db"
 DEFAULT_ARTIFACTS = "mlartifacts"
 PARAM_LIMIT = 6000  # MLflow's longest param value
+DAMAGED = "the registry's copy was changed after publishing: publish it again with `temper run`"
 
 
 def tracking_uri(flag: str | None) -> str:
@@ -150,31 +154,83 @@ class NoSuchModel(LookupError):
     """The store answered, but holds no such name, alias or version, or no temper bundle in it."""
 
 
+class FolderInUse(FileExistsError):
+    """The destination holds files temper did not put there: a download would overwrite them."""
+
+
 @dataclass(frozen=True)
 class Fetched:
     name: str
     version: str
     folder: Path
     tags: dict[str, str]
+    run_id: str = ""
+    unchecked: str | None = None  # why the bundle's model could not be checked (it has no manifest), to warn
+
+    @property
+    def uri(self) -> str:
+        return f"models:/{self.name}/{self.version}"
 
 
 def fetch(uri: str, tracking: str | None, dest: Path) -> Fetched:
-    """The one way a registered model reaches this machine (`pull`, `serve`, `export-triton`): check the
-    store answers (StoreUnreachable), resolve models:/NAME@ALIAS or models:/NAME/VERSION and download its
-    serving bundle into `dest` (NoSuchModel for a malformed URI, an unknown name/alias/version, or a
-    version that holds no bundle)."""
+    """The one way a registered model reaches this machine (`pull`, `serve`, `export-triton`): check `dest`
+    is temper's to fill (FolderInUse) and the store answers (StoreUnreachable), resolve models:/NAME@ALIAS or
+    models:/NAME/VERSION and download its serving bundle into `dest` (NoSuchModel for a malformed URI, an
+    unknown name/alias/version, or a version that holds no bundle)."""
+    unchecked: list[str] = []
+
+    def bundle_of(found: ModelVersion, tmp: str) -> Path:
+        uri = f"models:/{found.name}/{found.version}"
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp))
+        folder = next((p.parent for p in local.rglob(CONFIG)), None)
+        if folder is None:
+            raise FileNotFoundError(f"{uri} holds no temper serving bundle ({CONFIG} not found)")
+        try:  # before it reaches `dest`: a damaged copy is never delivered
+            warning = check_bundle(folder, DAMAGED)
+        except Mismatch as exc:
+            raise Mismatch(Path(uri) / exc.file.relative_to(folder), str(exc)) from None
+        unchecked.extend([warning.replace(str(folder), uri)] if warning else [])
+        return folder
+
+    got = _fetch(uri, tracking, dest, bundle_of)
+    return replace(got, unchecked=unchecked[0] if unchecked else None)
+
+
+def fetch_output(uri: str, tracking: str | None, dest: Path) -> Fetched:
+    """A registered version's whole output folder as its `temper run` logged it (every model, the manifest
+    and the reports: what `temper validate --model` re-gates), with fetch's checks and errors."""
+    def output_of(found: ModelVersion, tmp: str) -> Path:
+        if not found.run_id:
+            raise FileNotFoundError(f"models:/{found.name}/{found.version} names no MLflow run to take its output from")
+        local = Path(mlflow.artifacts.download_artifacts(run_id=found.run_id, artifact_path="output", dst_path=tmp))
+        if not (local / "manifest.json").is_file():
+            raise FileNotFoundError(f"the run of models:/{found.name}/{found.version} logged no temper output folder "
+                                    "(output/manifest.json)")
+        return local
+
+    return _fetch(uri, tracking, dest, output_of)
+
+
+def _fetch(uri: str, tracking: str | None, dest: Path, download: Callable[[ModelVersion, str], Path]) -> Fetched:
+    if not replaceable(dest):
+        raise FolderInUse(f"{dest} is not empty and temper did not download into it (no {MARKER} marker): "
+                          "its files would be overwritten; choose a new or empty folder, or delete it")
     client = connect(tracking)
     try:
         reachable(client)
     except Exception as exc:  # refused, unknown host, timeout, a store file it cannot open
         raise StoreUnreachable(f"the MLflow store {tracking_uri(tracking)} does not answer ({_first_line(exc)}): "
                                "start it, or pass --tracking-uri") from exc
+    dest = dest.resolve()
     try:
         found = _resolve_version(client, uri)
-        folder = _download_bundle(f"models:/{found.name}/{found.version}", dest)
+        with tempfile.TemporaryDirectory() as tmp:
+            _deliver(download(found, tmp), dest, f"models:/{found.name}/{found.version}")
+    except Mismatch:
+        raise
     except (ValueError, FileNotFoundError, mlflow.exceptions.MlflowException) as exc:
         raise NoSuchModel(_first_line(exc)) from exc
-    return Fetched(found.name, str(found.version), folder, dict(found.tags))
+    return Fetched(found.name, str(found.version), dest, dict(found.tags), found.run_id or "")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -194,14 +250,17 @@ def _resolve_version(client: MlflowClient, uri: str) -> ModelVersion:
     return client.get_model_version(name, version)
 
 
-def _download_bundle(uri: str, dest: Path) -> Path:
-    """Download a registered version and copy its serving bundle (model, runtime.json, report, manifest) to `dest`."""
-    with tempfile.TemporaryDirectory() as tmp:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp))
-        found = next((p.parent for p in local.rglob(CONFIG)), None)
-        if found is None:
-            raise FileNotFoundError(f"{uri} holds no temper serving bundle ({CONFIG} not found)")
-        dest.mkdir(parents=True, exist_ok=True)
-        for item in found.iterdir():
-            shutil.copy2(item, dest / item.name)
-    return dest
+def _deliver(source: Path, dest: Path, uri: str) -> None:
+    """Copy `source` into a staging folder beside `dest`, mark it as temper's and swap it in whole: no file
+    of an earlier download lingers beside the new ones, and an interrupted copy leaves `dest` as it was."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{dest.name}.partial-"
+    sweep(dest.parent, prefix)
+    staging = claim(dest.parent, prefix)
+    try:
+        shutil.copytree(source, staging, dirs_exist_ok=True)
+        (staging / MARKER).unlink(missing_ok=True)  # a logged output folder's own marker: replaced by this one
+        mark(staging, pulled=uri)
+        swap_in(staging, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from temper.artifacts import engines
+from temper.artifacts import engines, versions
 from temper.artifacts.batcher import Batcher, pad_length
 from temper.artifacts.bundle import MODEL, ServingConfig, read
 from temper.artifacts.counters import Counters
@@ -61,6 +61,9 @@ class Runtime:
         self.host_warning: str | None = _host_warning(self.config.measured_on)  # once: profile() probes the host
         if self.host_warning:
             log.warning("%s: %s", self.config.name, self.host_warning)
+        self.drift_warning: str | None = _drift_warning(self.config.gated_with)
+        if self.drift_warning:
+            log.warning("%s: %s", self.config.name, self.drift_warning)
         self.settings, self._choose = _settings(self.config)  # start() chooses threads when _choose
         self._session, self.engine = engines.load(self.bundle / MODEL, providers, self.settings, self.config.name)
         self._output_names = [o.name for o in self._session.get_outputs()]
@@ -252,3 +255,13 @@ def _host_warning(measured_on: HostProfile | None) -> str | None:
     lacks = missing[0] if len(missing) == 1 else ", ".join(missing[:-1]) + " and " + missing[-1]
     return (f"this host ({here.cpu}) lacks {lacks}, which the bundle's speed was measured with on "
             f"{measured_on.cpu}: its published speedup may not hold here")
+
+
+def _drift_warning(gated_with: dict[str, str]) -> str | None:
+    """Why the bundle's gate verdicts may not hold under this process's libraries (another ONNX Runtime
+    quantizes, computes and costs differently), or None when they match or none were recorded."""
+    differ = versions.drift(gated_with)
+    if not differ:
+        return None
+    return (f"this runtime differs from the one the bundle's gates ran on: {', '.join(differ)}; its accuracy and "
+            "speed may not hold here: re-check it with `temper validate RECIPE --model models:/NAME@ALIAS`")

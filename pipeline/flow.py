@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from temper.pipeline.cache import StepCache
-from temper.pipeline.errors import RecipeError
+from temper.pipeline.errors import EnvironmentProblem, RecipeError
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.runner import Observer, Runner, RunResult
 
@@ -127,6 +127,80 @@ def _still_not_built(verdict: Report, output: Path) -> dict[str, NotBuilt]:
         earlier = {}
     return {name: earlier.get(name) or report_model.NotBuilt(kind="error", reason=gate.detail)
             for name, c in verdict.candidates.items() for gate in c.gates if gate.name == "build" and not gate.passed}
+
+
+@dataclass
+class Recheck:
+    """What `temper validate RECIPE --model URI` re-checked: the registered version, the candidate it
+    serves and the library versions the gates held on then and ran on now."""
+
+    uri: str
+    candidate: str
+    gated_with: dict[str, str]
+    now: dict[str, str]
+    outcome: Outcome
+
+
+def revalidate_published(loaded: LoadedRecipe, uri: str, folder: Path, cache: StepCache, *,
+                         require: list[str] | None = None, tracking: str | None = None,
+                         observer: Observer | None = None) -> Recheck:
+    """Re-run a registered version's recorded gates on this host and runtime.
+
+    Downloads the output folder its `temper run` logged (baseline, every candidate, manifest) into `folder`,
+    checks the version's model is that run's selection (the model_sha256 tag against the manifest) and every
+    file against the manifest, then gates them again with the gates recorded in the manifest (the recipe's
+    validate and select sections must equal them), on the evaluation data `loaded` names. The served candidate
+    is required: it must still pass (exit 1 otherwise)."""
+    from temper.artifacts import versions
+    from temper.artifacts.integrity import Mismatch, candidate_name, read_manifest, recorded
+    from temper.artifacts.registry import FolderInUse, NoSuchModel, StoreUnreachable, fetch_output
+    from temper.pipeline.outputs import build_fingerprint
+
+    try:
+        got = fetch_output(uri, tracking, folder)
+    except StoreUnreachable as exc:
+        raise EnvironmentProblem(str(exc)) from exc
+    except NoSuchModel as exc:
+        raise RecipeError(uri, "--model", str(exc)) from exc
+    except FolderInUse as exc:
+        raise RecipeError(str(folder), "--output", str(exc)) from None
+    try:
+        manifest = read_manifest(got.folder, "publish it again with `temper run`")
+    except Mismatch as exc:
+        raise RecipeError(uri, "--model", f"its run's {exc.file.name} {exc}") from None
+    if manifest.get("build_sha256") != build_fingerprint(loaded.recipe):
+        raise RecipeError(loaded.file, "", f"{got.uri} was built from a different model, data or steps than this "
+                                           "recipe has: pass the recipe that version was built from")
+    try:
+        served = candidate_name(manifest, got.tags.get("candidate"))
+    except ValueError as exc:
+        raise RecipeError(uri, "--model", f"its candidate tag: {exc}: publish it again with `temper run`") from None
+    record = recorded(manifest, served) or {}
+    if record.get("sha256") != got.tags.get("model_sha256"):
+        raise RecipeError(uri, "--model", f"the version's model (sha256 {got.tags.get('model_sha256')}) is not its "
+                                          f"run's {served} model: publish it again with `temper run`")
+    _same_gates(loaded, manifest["recipe"]["resolved"], got.uri)
+    required = [*(require or ()), *([served] if served != "baseline" else [])]
+    outcome = revalidate(loaded, got.folder, cache, require=list(dict.fromkeys(required)), observer=observer)
+    gated_with = {lib: got.tags[f"{lib}_version"] for lib in versions.TRACKED if f"{lib}_version" in got.tags}
+    return Recheck(got.uri, served, gated_with, versions.current(), outcome)
+
+
+def _same_gates(loaded: LoadedRecipe, published: dict[str, object], uri: str) -> None:
+    """The recipe's validate and select sections must be the ones the version was gated with: a re-check runs
+    the recorded gates, and changed budgets are a new `temper run`'s question."""
+    from temper.pipeline.publishing import flatten
+
+    now = loaded.recipe.model_dump(mode="json", by_alias=True)
+    for section in ("validate", "select"):
+        then_keys, now_keys = flatten(published.get(section), section), flatten(now.get(section), section)
+        differ = sorted(key for key in then_keys.keys() | now_keys.keys() if then_keys.get(key) != now_keys.get(key))
+        if differ:
+            key = differ[0]
+            raise RecipeError(loaded.file, key, f"is {now_keys.get(key)!r} here but {then_keys.get(key)!r} in the "
+                                                f"gates {uri} was published with: re-check it with the recipe it was "
+                                                "published from (its MLflow run's params); to gate with new budgets, "
+                                                "`temper run` or `temper validate --output` a run of your own")
 
 
 def publish(loaded: LoadedRecipe, outcome: Outcome, tracking: str | None = None) -> Published | None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from temper.artifacts.integrity import Mismatch, check_output
 from temper.pipeline.cache import MODEL_FILE, TUNING_FILE
 from temper.pipeline.errors import EnvironmentProblem, RecipeError, first_line
 from temper.pipeline.loading import LoadedRecipe
@@ -102,7 +103,8 @@ def from_run(runner: Runner, result: RunResult) -> Subject:
 
 
 def from_folder(runner: Runner, folder: Path) -> Subject:
-    """The models an earlier `temper run` wrote, after checking they came from this recipe's build settings."""
+    """The models an earlier `temper run` wrote, after checking they came from this recipe's build settings
+    and that each file is still the one its manifest records (sha256)."""
     loaded: LoadedRecipe = runner.loaded
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
@@ -124,4 +126,9 @@ def from_folder(runner: Runner, folder: Path) -> Subject:
         entry = entries.get(name, {})
         candidates[name] = (folder / name / MODEL_FILE if entry.get("status") == "ok"
                             else entry.get("error", "not built"))
+    built = ["baseline", *(name for name, path in candidates.items() if isinstance(path, Path))]
+    try:  # gate only the bytes `temper run` wrote: a replaced file would pass under the candidate's name
+        check_output(folder, built, manifest, "rebuild the folder with `temper run`")
+    except Mismatch as exc:
+        raise RecipeError(str(exc.file), "", str(exc)) from None
     return subject(runner, folder / "baseline" / MODEL_FILE, candidates)

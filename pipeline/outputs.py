@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from onnx.external_data_helper import _get_all_tensors
 
-from temper.artifacts.folders import MARKER, claim, mark, replaceable, sweep
+from temper.artifacts.folders import MARKER, claim, mark, replaceable, swap_in, sweep
 from temper.artifacts.host import profile
 from temper.pipeline.cache import MODEL_FILE, TUNING_FILE, key_of
 from temper.pipeline.errors import EnvironmentProblem, RecipeError, TemperError, first_line
@@ -78,16 +77,7 @@ class OutputFolder:
         previous output goes back where it was."""
         if not replaceable(self.target):  # checked before the build too: something may have moved in since
             raise RecipeError(str(self.target), "--output", _not_ours(self.target))
-        old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
-        try:
-            if self.target.exists():
-                os.replace(self.target, old)
-            os.replace(self.staging, self.target)
-        except BaseException:
-            if old.exists() and not self.target.exists():
-                os.replace(old, self.target)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
+        swap_in(self.staging, self.target)
 
 
 def _not_ours(target: Path) -> str:
@@ -146,35 +136,50 @@ def manifest(loaded: LoadedRecipe, result: RunResult) -> dict[str, Any]:
     }
 
 
+REBUILD = "rebuild the folder with `temper run`"
+
+
 def servable(path: Path) -> tuple[Path, ServingConfig | None]:
     """The model folder `temper serve PATH` serves, and its config when it is not a published bundle.
 
-    PATH is a serving bundle (its runtime.json is the config: returns None), a run's output folder (its
-    selected model) or OUTPUT/CANDIDATE; an unpublished model gets the options publishing would give it.
+    PATH is a serving bundle (its runtime.json is the config: returns None; the caller checks it with
+    artifacts.integrity.check_bundle), a run's output folder (its selected model) or OUTPUT/CANDIDATE; an
+    unpublished model gets the options publishing would give it. The name served must be the baseline or a
+    candidate the manifest records as built, and its file the one the manifest records (Mismatch).
     Raises ValueError saying what PATH is not.
     """
     from temper.artifacts.bundle import CONFIG, config_for
+    from temper.artifacts.integrity import candidate_name, check_model, read_manifest
     from temper.validators import report_model
 
-    output = path if (path / MANIFEST).is_file() else path.parent
+    path = path.resolve()  # `OUT/fast/..` is OUT, and a link is its target: what is checked is what serves
     if (path / CONFIG).is_file():
         return path, None
+    output = path if (path / MANIFEST).is_file() else path.parent
     if not (path.is_dir() and (output / MANIFEST).is_file()):
         raise ValueError(f"neither a serving bundle folder ({MODEL_FILE} + {CONFIG}), a run's output folder or a "
                          "model in one, nor a models:/NAME@ALIAS or /NAME/VERSION URI")
     report_file = output / report_model.FILE
     try:
+        manifest = read_manifest(output, REBUILD)
         report = report_model.load(report_file) if report_file.is_file() else None
         if path == output:  # the run's selection: the baseline when no candidate passed
             if report is None:
                 raise ValueError("it has no report.json (the recipe has no validate section), so it names no selected "
                                  "model; serve OUTPUT/CANDIDATE")
-            path = output / report.selected
-        recipe = json.loads((output / MANIFEST).read_text())["recipe"]["resolved"]
+            name = candidate_name(manifest, report.selected)  # never a path: `../x` or `/x` names no candidate
+        else:
+            name = candidate_name(manifest, path.name)
+        recipe = manifest["recipe"]["resolved"]
         publish = recipe.get("publish") or {}
-        name = (publish.get("mlflow") or {}).get("registered_model") or recipe["name"]
-        gated = report.session_of(path.name) if report and path.name in {"baseline", *report.candidates} else None
-        return path, config_for(path / MODEL_FILE, name, measured_on=report.host if report else None,
-                                session=gated, **(publish.get("serving") or {}))
+        served = publish.get("mlflow") or {}
+        gated = report.session_of(name) if report and name in {"baseline", *report.candidates} else None
     except Exception as exc:  # a failed candidate (no model), a damaged manifest or report
+        raise ValueError(f"cannot serve it from its run: {first_line(exc)}") from exc
+    check_model(output / name / MODEL_FILE, name, manifest, REBUILD)
+    try:
+        return output / name, config_for(output / name / MODEL_FILE, served.get("registered_model") or recipe["name"],
+                                         measured_on=report.host if report else None, session=gated,
+                                         **(publish.get("serving") or {}))
+    except Exception as exc:  # a model onnx cannot read, serving options this version does not know
         raise ValueError(f"cannot serve it from its run: {first_line(exc)}") from exc

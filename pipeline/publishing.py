@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from temper.artifacts import bundle
+from temper.artifacts import bundle, versions
 from temper.artifacts.host import HostProfile
 from temper.artifacts.registry import Published, connect, record_run, register
 from temper.pipeline.cache import MODEL_FILE
@@ -65,7 +64,7 @@ def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str
     selected = report.selected
     host = report.host
     tags = {"recipe": loaded.recipe.name, "recipe_sha256": loaded.sha256, "passed": str(report.passed).lower(),
-            **{f"{lib}_version": importlib.metadata.version(lib) for lib in ("onnxruntime", "onnx", "temper-ml")},
+            **{f"{lib}_version": v for lib, v in versions.current().items()},
             **host_tags(host)}
     try:
         client = connect(tracking)
@@ -73,7 +72,8 @@ def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str
             model = folder / selected / MODEL_FILE
             tags |= _version_tags(loaded, report, selected, model)
             config = bundle.config_for(model, spec.mlflow.registered_model, measured_on=host,
-                                       session=report.session_of(selected), **spec.serving.model_dump())
+                                       session=report.session_of(selected), gated_with=versions.current(),
+                                       **spec.serving.model_dump())
             packed = bundle.write(Path(tmp) / "bundle", model, config, [folder / REPORT_FILE, folder / MANIFEST])
             run_id, model_uri = record_run(
                 client, experiment=spec.mlflow.experiment, run_name=spec.mlflow.registered_model,

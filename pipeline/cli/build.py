@@ -6,6 +6,7 @@ They parse, call `pipeline.flow` (or the check/ranking functions) and print; the
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -15,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from temper.pipeline import flow
+from temper.pipeline.cache import StepCache
 from temper.pipeline.cli.common import (
     CacheOpt,
     Display,
@@ -30,7 +32,7 @@ from temper.pipeline.cli.common import (
     shown,
     step_cache,
 )
-from temper.pipeline.loading import load_recipe
+from temper.pipeline.loading import LoadedRecipe, load_recipe
 from temper.pipeline.runner import Runner, RunResult
 
 if TYPE_CHECKING:
@@ -85,13 +87,22 @@ def validate_cmd(
     recipe: RecipeArg,
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", callback=absolute,
-        help="folder an earlier `temper run` wrote (default: out/<recipe name>)")] = None,
+        help="folder an earlier `temper run` wrote (default: out/<recipe name>); with --model, the folder to "
+             "download the version's run into and re-gate (default: a temporary one)")] = None,
+    model: Annotated[str | None, typer.Option(
+        "--model", help="re-check a published version instead, models:/NAME@ALIAS or models:/NAME/VERSION: its "
+                        "run's models, gated again with the gates it was published with, on this host and "
+                        "runtime; exit 1 when its candidate no longer passes")] = None,
     cache_dir: CacheOpt = None,
     require: RequireOpt = None,
+    tracking_uri: TrackingOpt = None,
     allow_build_errors: AllowBuildErrorsOpt = False,
 ) -> None:
-    """Re-run validation on an existing output folder (e.g. with new budgets) without rebuilding anything."""
+    """Re-run validation on an existing output folder (e.g. with new budgets) without rebuilding anything, or
+    re-check a published version (--model) on this host and runtime."""
     loaded = load_recipe(recipe)
+    if model is not None:
+        _recheck(loaded, model, output, step_cache(cache_dir), require, tracking_uri)
     with progress() as shown_progress:
         outcome = flow.revalidate(loaded, (output or Path("out") / loaded.recipe.name).resolve(), step_cache(cache_dir),
                                   require=require, observer=Display(shown_progress),
@@ -105,6 +116,24 @@ def validate_cmd(
                       soft_wrap=True)
     _print_gates(outcome)
     raise typer.Exit(outcome.exit_code)
+
+
+def _recheck(loaded: LoadedRecipe, model: str, output: Path | None, cache: StepCache, require: list[str] | None,
+             tracking: str | None) -> None:
+    """`temper validate RECIPE --model URI`: the version's gates again, the gate table, what was compared."""
+    with tempfile.TemporaryDirectory(prefix="temper-recheck-") as tmp:
+        with progress() as shown_progress:
+            done = flow.revalidate_published(loaded, model, output or Path(tmp) / "output", cache, require=require,
+                                             tracking=tracking, observer=Display(shown_progress))
+        _print_gates(done.outcome)
+    moved = [f"{lib} {done.now.get(lib, 'absent')} (gated on {then})" for lib, then in done.gated_with.items()
+             if done.now.get(lib) != then]
+    verdict = "still passes" if done.candidate not in done.outcome.missed else "no longer passes"
+    out.print(Text.assemble(("re-checked: ", "green" if verdict == "still passes" else "red"),
+                            f"{done.uri} (candidate {done.candidate}) {verdict} its recorded gates here; "
+                            + ("runtime: " + ", ".join(moved) if moved else "same runtime versions as when gated")
+                            + (f"; reports in {shown(done.outcome.folder)}" if output else "")), soft_wrap=True)
+    raise typer.Exit(done.outcome.exit_code)
 
 
 @app.command()

@@ -18,6 +18,8 @@ from rich.text import Text
 from temper.pipeline.cli.common import TrackingOpt, app, err, out
 from temper.pipeline.errors import EnvironmentProblem, RecipeError, first_line
 
+PULL_AGAIN = "pull it again with `temper pull`, or rebuild it with `temper run`"
+
 
 @app.command()
 def promote(
@@ -47,12 +49,17 @@ def pull(
     dest: Annotated[Path, typer.Option("--dest", help="folder to write the serving bundle into")],
     tracking_uri: TrackingOpt = None,
 ) -> None:
-    """Download a registered version's serving bundle (model, runtime config, report) for deployment."""
-    with _fetched(uri, tracking_uri, "URI", dest) as (folder, name, version, tags):
+    """Download a registered version's serving bundle (model, runtime config, report, manifest) for deployment,
+    after checking its model against the manifest. DIR must be new, empty or an earlier pull's."""
+    from temper.artifacts.folders import MARKER
+
+    with _fetched(uri, tracking_uri, "URI", dest) as (folder, name, version, tags, unchecked):
+        _warn(unchecked)
         out.print(f"pulled {name} version {version} ({tags.get('precision', '?')}, candidate "
                   f"{tags.get('candidate', '?')}) into {folder}:")
         for item in sorted(folder.iterdir()):
-            out.print(f"  {item.name}  {item.stat().st_size:,} bytes")
+            if item.name != MARKER:  # the marker that lets a later pull replace the folder
+                out.print(f"  {item.name}  {item.stat().st_size:,} bytes")
 
 
 @app.command()
@@ -92,13 +99,13 @@ def serve(
         sock = bind(host, port)
     except OSError as exc:
         raise EnvironmentProblem(f"--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    with sock, _located(model, tracking_uri) as (folder, config):
+    with sock, _located(model, tracking_uri) as (folder, config, unchecked):
         try:
             runtime = Runtime(folder, config=config)
         except Exception as exc:  # an invalid runtime.json, a model onnxruntime cannot load
             raise RecipeError(model, "MODEL", f"cannot load the bundle: {first_line(exc)}") from exc
-        if runtime.host_warning:  # the root logger is at ERROR without --debug: the log line alone goes unseen
-            err.print(Text.assemble(("warning: ", "yellow"), runtime.host_warning), soft_wrap=True)
+        for warning in (unchecked, runtime.host_warning, runtime.drift_warning):
+            _warn(warning)  # the root logger is at ERROR without --debug: the log line alone goes unseen
         name = runtime.config.name
         max_body = int(max_body_mb * 1024 * 1024) if max_body_mb else body_limit(runtime.config)
         out.print(f"serving {name} ({runtime.engine}) at http://{host}:{sock.getsockname()[1]}/v2/models/{name} "
@@ -130,23 +137,31 @@ def export_triton(
     """Write a Triton model repository (config.pbtxt with dynamic batching and warm-up) for a published model."""
     from temper.artifacts.triton import export_repository
 
-    with _bundle(model, tracking_uri) as folder:
+    with _bundle(model, tracking_uri) as (folder, unchecked):
         try:
             written = export_repository(folder, dest, instances=instances, kind=kind)
         except Exception as exc:  # not a bundle, a bad --kind, a foreign folder in the way
             raise RecipeError(model, "MODEL", first_line(exc)) from exc
+    _warn(unchecked)  # once it is done: an error stays the one line it is
     out.print(f"wrote Triton model {written.name} to {dest}:")
     for item in sorted(written.rglob("*")):
         if item.is_file():
             out.print(f"  {item.relative_to(dest)}  {item.stat().st_size:,} bytes")
 
 
+def _warn(text: str | None) -> None:
+    if text:
+        err.print(Text.assemble(("warning: ", "yellow"), text), soft_wrap=True)
+
+
 @contextmanager
 def _fetched(uri: str, tracking: str | None, key: str, dest: Path | None = None
-             ) -> Iterator[tuple[Path, str, str, dict[str, str]]]:
-    """(folder, name, version, version tags) of a registered model's serving bundle, downloaded into
-    `dest`, or into a temporary folder that goes when the block ends. `key` names the argument."""
-    from temper.artifacts.registry import NoSuchModel, StoreUnreachable, fetch
+             ) -> Iterator[tuple[Path, str, str, dict[str, str], str | None]]:
+    """(folder, name, version, version tags, why its model is unchecked or None) of a registered model's
+    serving bundle, downloaded into `dest`, or into a temporary folder that goes when the block ends, and
+    checked against its manifest. `key` names the argument."""
+    from temper.artifacts.integrity import Mismatch
+    from temper.artifacts.registry import FolderInUse, NoSuchModel, StoreUnreachable, fetch
 
     with tempfile.TemporaryDirectory(prefix="temper-bundle-") as tmp:
         try:
@@ -155,30 +170,54 @@ def _fetched(uri: str, tracking: str | None, key: str, dest: Path | None = None
             raise EnvironmentProblem(str(exc)) from exc
         except NoSuchModel as exc:
             raise RecipeError(uri, key, str(exc)) from exc
-        yield got.folder, got.name, got.version, got.tags
+        except FolderInUse as exc:
+            raise RecipeError(str(dest), "--dest", str(exc)) from None
+        except Mismatch as exc:  # the downloaded model is not the one its manifest records: not delivered
+            raise RecipeError(str(exc.file), "", str(exc)) from None
+        yield got.folder, got.name, got.version, got.tags, got.unchecked
+
+
+def _checked(folder: Path, shown_as: str, remedy: str) -> str | None:
+    """A bundle's model checked against the manifest it ships: a mismatch is one line naming the file
+    (exit 2); for a bundle without a manifest (made by hand), the warning to show once it is used as it is."""
+    from temper.artifacts.integrity import Mismatch, check_bundle
+
+    try:
+        unchecked = check_bundle(folder, remedy)
+    except Mismatch as exc:
+        raise RecipeError(f"{shown_as}/{exc.file.relative_to(folder)}", "", str(exc)) from None
+    return unchecked.replace(str(folder), shown_as) if unchecked else None
 
 
 @contextmanager
-def _bundle(model: str, tracking: str | None) -> Iterator[Path]:
-    """A bundle folder as given, or a models:/ URI's bundle fetched for the block's length."""
+def _bundle(model: str, tracking: str | None) -> Iterator[tuple[Path, str | None]]:
+    """A bundle folder as given (checked against its manifest), or a models:/ URI's bundle fetched for the
+    block's length; and why its model is unchecked, or None."""
+    from temper.artifacts.bundle import CONFIG
+
     if not model.startswith("models:/"):
-        yield Path(model)
+        unchecked = _checked(Path(model), model.rstrip("/"), PULL_AGAIN) if (Path(model) / CONFIG).is_file() else None
+        yield Path(model), unchecked
         return
-    with _fetched(model, tracking, "MODEL") as (folder, *_):
-        yield folder
+    with _fetched(model, tracking, "MODEL") as (folder, *_, unchecked):
+        yield folder, unchecked
 
 
 @contextmanager
-def _located(model: str, tracking: str | None) -> Iterator[tuple[Path, object]]:
-    """What `temper serve MODEL` serves: (model folder, its ServingConfig, or None to read runtime.json)."""
+def _located(model: str, tracking: str | None) -> Iterator[tuple[Path, object, str | None]]:
+    """What `temper serve MODEL` serves: (model folder, its ServingConfig or None to read runtime.json, why its
+    model is unchecked or None)."""
+    from temper.artifacts.integrity import Mismatch
     from temper.pipeline.outputs import servable
 
     if model.startswith("models:/"):
-        with _fetched(model, tracking, "MODEL") as (folder, *_):
-            yield folder, None
+        with _fetched(model, tracking, "MODEL") as (folder, *_, unchecked):
+            yield folder, None, unchecked
         return
     try:
-        located = servable(Path(model))
+        folder, config = servable(Path(model))
+    except Mismatch as exc:  # a file of the run's output folder that is not the one its manifest records
+        raise RecipeError(str(exc.file), "", str(exc)) from None
     except ValueError as exc:
         raise RecipeError(model, "MODEL", str(exc)) from None
-    yield located
+    yield folder, config, _checked(folder, model.rstrip("/"), PULL_AGAIN) if config is None else None

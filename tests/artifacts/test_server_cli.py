@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -72,12 +76,18 @@ def test_temper_serve_a_registered_model(temper, tiny: Path, reference: ort.Infe
 def _run_output(folder: Path, tiny: Path, selected: str, publish: dict | None) -> Path:
     """An output folder as `temper run` writes it: baseline/ and int8/ models (other weights), the
     manifest with the resolved recipe, the report naming the selection."""
+    records = []
     for name, seed in (("baseline", 0), ("int8", 5)):
         (folder / name).mkdir(parents=True)
-        _tiny_model(folder / name / bundle.MODEL, seed)
+        model = _tiny_model(folder / name / bundle.MODEL, seed)
+        records.append({"id": f"{name}-id", "sha256": hashlib.sha256(model.read_bytes()).hexdigest(),
+                        "bytes": model.stat().st_size})
     recipe = {"name": "tiny-recipe", "version": 1, **({"publish": publish} if publish else {})}
     manifest = {"recipe": {"name": "tiny-recipe", "file": "tiny.yaml", "resolved": recipe},
-                "baseline": {"path": "baseline/model.onnx"}}
+                "baseline": {"model": "baseline-id", "path": "baseline/model.onnx"},
+                "candidates": {"int8": {"status": "ok", "model": "int8-id", "path": "int8/model.onnx", "error": None},
+                               "fp16": {"status": "failed", "model": None, "path": None, "error": "broke"}},
+                "models": records}
     (folder / "manifest.json").write_text(json.dumps(manifest))
     report = {**sample_report(), "selected": selected, "host": profile().model_dump(mode="json")}
     (folder / "report.json").write_text(json.dumps(report))
@@ -118,6 +128,55 @@ def test_temper_serve_a_run_output_folder_refuses_what_it_cannot_serve(temper, t
     (output / "report.json").unlink()  # not validated: a recipe without a validate section writes no report
     result = temper("serve", output)
     assert result.code == 2 and "names no selected model" in result.stderr
+
+
+def _refused(*args: object) -> tuple[int, str]:
+    """`temper ARGS` as a console-script process (exit code, stderr) when it refuses within a minute; a
+    server that starts instead fails the test rather than blocking it."""
+    try:
+        done = subprocess.run([str(Path(sys.executable).parent / "temper"), *map(str, args), "--port", "0"],
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"temper {args} served instead of refusing: {exc.stdout!r}") from None
+    assert "serving" not in done.stdout, done.stdout
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("selected", ["../outside", "ABSOLUTE"])
+def test_serve_output_refuses_a_selection_that_is_not_one_of_its_candidates(tmp_path: Path, tiny: Path,
+                                                                             selected: str) -> None:
+    """report.json's `selected` names a candidate of the manifest, never a path to a model elsewhere."""
+    output = _run_output(tmp_path / "out", tiny, "int8", None)
+    (tmp_path / "outside").mkdir()
+    _tiny_model(tmp_path / "outside" / bundle.MODEL, 9)  # a model a path could reach
+    selected = str(tmp_path / "outside") if selected == "ABSOLUTE" else selected
+    report = json.loads((output / "report.json").read_text())
+    (output / "report.json").write_text(json.dumps({**report, "selected": selected}))
+    code, stderr = _refused("serve", output)
+    (line,) = stderr.strip().splitlines()
+    assert code == 2 and line.startswith(f"error: {output}: MODEL: cannot serve it from its run: "), line
+    assert f"{selected!r} is not the baseline nor a built candidate" in line and "int8" in line, line
+
+
+def test_serve_output_candidate_dot_dot_is_not_the_folder_beside_the_output(tmp_path: Path, tiny: Path) -> None:
+    """OUT/int8/../.. is the folder that holds OUT: not a model of the run, whatever model.onnx lies there."""
+    output = _run_output(tmp_path / "out", tiny, "int8", None)
+    _tiny_model(tmp_path / bundle.MODEL, 9)
+    code, stderr = _refused("serve", f"{output}/int8/../..")
+    (line,) = stderr.strip().splitlines()
+    assert code == 2 and "neither a serving bundle folder" in line, line
+
+
+@pytest.mark.parametrize("target", ["OUTPUT", "OUTPUT/int8"])
+def test_serve_output_refuses_a_model_file_the_manifest_does_not_record(tmp_path: Path, tiny: Path,
+                                                                        target: str) -> None:
+    output = _run_output(tmp_path / "out", tiny, "int8", None)
+    shutil.copy2(output / "baseline" / bundle.MODEL, output / "int8" / bundle.MODEL)  # same size, other weights
+    code, stderr = _refused("serve", output if target == "OUTPUT" else output / "int8")
+    (line,) = stderr.strip().splitlines()
+    assert code == 2 and line.startswith(f"error: {output}/int8/model.onnx: is not the int8 model manifest.json "
+                                         "records"), line
+    assert "rebuild the folder with `temper run`" in line, line
 
 
 def test_temper_serve_on_a_busy_port_says_so_in_one_line(temper, tiny: Path) -> None:

@@ -91,6 +91,7 @@ class Probe:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as collect_activations
         options.log_severity_level = 3
+        options.enable_cpu_mem_arena = False  # a chunk's outputs go back to the OS when it is done
         model = self._cut(tensors)
         if not self.external:
             return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -78,7 +78,8 @@ def tune(prepared: quantize_static.Prepared, dst: Path, options: QuantizeOptions
             setup = tuner.setup
             progress(f"fallback: ranking nodes by SQNR on {options.fallback.samples} calibration samples")
             ranking = [r for r in sensitivity.rank(setup.prepared, setup.options,
-                                                   first_samples(feeds, options.fallback.samples), scratch)
+                                                   first_samples(feeds, options.fallback.samples), scratch,
+                                                   progress=lambda note: progress(f"fallback: ranking: {note}"))
                        if r.node not in setup.keep_float]
             order = tuner.refine([r.node for r in ranking], options.fallback)
             tuner.accumulate(order, _blocks(ranking))

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 from mlflow.models import ModelSignature
 from mlflow.models.model import ModelInfo
+from mlflow.pyfunc.model import PythonModel, PythonModelContext
 from mlflow.types import Schema, TensorSpec
 
 from temper.artifacts.bundle import ServingConfig, read
@@ -37,10 +38,10 @@ REQUIREMENTS = ("onnxruntime", "numpy", "pandas", "mlflow", "onnx", "pydantic", 
 EXAMPLE_DYNAMIC_DIM = 8
 
 
-class TemperModel(mlflow.pyfunc.PythonModel):
+class TemperModel(PythonModel):
     """Offline predict through Runtime.run_batch: any number of rows, chunked to max_batch_size."""
 
-    def load_context(self, context: mlflow.pyfunc.PythonModelContext) -> None:
+    def load_context(self, context: PythonModelContext) -> None:
         # Warm up but start no batching thread: predict bypasses the queue, and a thread
         # would keep the session alive for the life of the process after every load
         # (log_model itself loads the model once to validate the input example).
@@ -59,7 +60,7 @@ class TemperModel(mlflow.pyfunc.PythonModel):
 
     # model_input is deliberately unannotated: MLflow derives a schema from that type hint
     # and would replace the ServingConfig signature with it.
-    def predict(self, context: mlflow.pyfunc.PythonModelContext, model_input,
+    def predict(self, context: PythonModelContext, model_input,
                 params: dict | None = None) -> dict[str, np.ndarray]:
         """Accepts a dict of arrays, one array (single-input models) or a DataFrame whose
         columns are input names and whose cells are rows (lists or arrays); arrays of another

@@ -99,7 +99,7 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
 
 def from_run(runner: Runner, result: RunResult) -> Subject:
     return subject(runner, result.baseline[-1].path,
-                   {c.name: c.model.path if c.model else c.error for c in result.candidates})
+                   {c.name: c.model.path if c.model else (c.error or "not built") for c in result.candidates})
 
 
 def from_folder(runner: Runner, folder: Path) -> Subject:

@@ -40,7 +40,7 @@ def metrics_of(report: Report | Mapping[str, Any]) -> dict[str, float]:
         found[f"baseline.{m.provider}.b{m.batch_size}.samples_per_s"] = m.samples_per_s
     for name, c in report.candidates.items():
         found[f"{name}.passed"] = float(c.passed)
-        if c.metric is not None:
+        if c.metric is not None and c.drop is not None:
             found[f"{name}.{report.metric}"] = c.metric
             found[f"{name}.drop"] = c.drop
         for f in c.fidelity:
@@ -99,10 +99,13 @@ def host_tags(host: HostProfile) -> dict[str, str]:
 
 def _version_tags(loaded: LoadedRecipe, report: Report, selected: str, model: Path) -> dict[str, str]:
     validation = loaded.recipe.validation
-    gates = report.candidates[selected].gates if selected in report.candidates else []
+    candidate = report.candidates.get(selected)
+    gates = candidate.gates if candidate else []
     return {
         "candidate": selected,
-        "precision": candidate_precision(loaded.recipe, selected),
+        # what the graph is (validators/census.py), never what the recipe's steps meant it to be
+        "precision": (candidate.precision if candidate and candidate.precision
+                      else candidate_precision(loaded.recipe, selected)),
         "provider": validation.throughput.providers[0] if validation and validation.throughput else "cpu",
         "model_sha256": sha256_file(model),
         "gates": (", ".join(f"{g.name}={'pass' if g.passed else 'FAIL'}" for g in gates)

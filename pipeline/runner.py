@@ -30,7 +30,8 @@ from temper.pipeline.recipe import DataSource, InputSpec, StepSpec
 
 if TYPE_CHECKING:  # the steps import onnxsim, ORT's quantizers and (via onnxruntime.tools) torch: not at start-up
     from temper.pipeline.onnx_io import Batch
-    from temper.pipeline.steps.base import Scorer, StepContext
+    from temper.pipeline.steps.base import StepContext
+    from temper.validators.scoring import GateScorer
 
 SCRATCH = "temper-run-"  # the runner's scratch folders in the system temp folder: temper-run-<pid>-<random>
 LIBRARIES = ("temper-ml", "torch", "onnx", "onnxruntime", "onnxsim", "numpy")
@@ -211,7 +212,7 @@ class Runner:
         return _fingerprint([{**data.features, **labels}])
 
     @cached_property
-    def scorer(self) -> Scorer:
+    def scorer(self) -> GateScorer:
         """The accuracy gate for steps that aim at it; built on the baseline, so only after baseline()."""
         from temper.validators.scoring import GateScorer
 
@@ -247,7 +248,9 @@ class Runner:
         spec = self.recipe.model
         if spec.onnx is not None:
             return self._onnx_source()
-        path, function = split_ref(spec.factory, self.loaded.base)
+        factory = spec.factory
+        assert factory is not None  # ModelSpec holds a factory or an ONNX file
+        path, function = split_ref(factory, self.loaded.base)
         depends = []
         for i, dep in enumerate(spec.depends_on):
             dep_path = self.loaded.path(dep)
@@ -263,7 +266,7 @@ class Runner:
         def build(dst: Path, ctx: StepContext) -> None:
             from temper.pipeline.steps.export import export
 
-            fn = load_callable(spec.factory, self.loaded.base, self.loaded.file, "model.factory")
+            fn = load_callable(factory, self.loaded.base, self.loaded.file, "model.factory")
             module = call_user(fn, self.loaded.file, "model.factory")
             import torch
 
@@ -279,6 +282,7 @@ class Runner:
 
     def _onnx_source(self) -> ModelRecord:
         spec, file = self.recipe.model, self.loaded.file
+        assert spec.onnx is not None  # source() came here for an ONNX file
         path = self.loaded.path(spec.onnx)
         if not path.is_file():
             raise RecipeError(file, "model.onnx", f"'{path}' not found (paths are relative to the recipe's folder)")

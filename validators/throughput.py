@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -78,7 +78,7 @@ def session_for(path: Path, provider: str, settings: SessionSettings | None = No
     """A session built from `settings` (default_settings()) whose graph runs on `provider`;
     onnxruntime-gpu falls back to CPU silently, so check."""
     require_available(provider)
-    wanted, available = PROVIDERS[provider], ort.get_available_providers()
+    wanted, available = PROVIDERS[cast(Provider, provider)], ort.get_available_providers()
     # CUDA after TensorRT keeps the nodes TensorRT does not take on the GPU rather than the CPU.
     chain = [wanted, PROVIDERS["cuda"]] if provider == "tensorrt" and PROVIDERS["cuda"] in available else [wanted]
     session = open_session(path, settings or default_settings(), chain)

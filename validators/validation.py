@@ -6,7 +6,7 @@ take, a missing provider) are raised before anything slow runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -53,7 +53,7 @@ class Subject:
     outputs: list[str]
     baseline: Path
     candidates: dict[str, Path | str]  # the built model, or the reason its build failed
-    searches: dict[str, Searched] = field(default_factory=dict)  # searched candidate -> its trials
+    searches: Mapping[str, Searched] = field(default_factory=dict)  # searched candidate -> its trials
     precisions: dict[str, str] = field(default_factory=dict)  # candidate -> fp16, int8-static, ...
     preset: dict[str, str | None] | None = None  # what quantize's preset auto resolved to: target, preset, reason
     tunings: dict[str, dict[str, Any]] = field(default_factory=dict)  # candidate -> its quantize fallback record

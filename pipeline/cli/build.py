@@ -33,9 +33,11 @@ from temper.pipeline.cli.common import (
     step_cache,
 )
 from temper.pipeline.loading import LoadedRecipe, load_recipe
-from temper.pipeline.runner import Runner, RunResult
+from temper.pipeline.runner import ModelRecord, Runner, RunResult
 
 if TYPE_CHECKING:
+    from rich.console import JustifyMethod as Justify
+
     from temper.validators.report_model import Report
 
 
@@ -169,8 +171,9 @@ def sensitivity(
         print(json.dumps([r.as_dict() for r in ranking], indent=2))
         return
     table = Table(title=f"{candidate}: nodes by INT8 sensitivity (most harmful first)", title_justify="left")
-    for col, justify in (("rank", "right"), ("node", "left"), ("op", "left"), ("SQNR dB", "right"),
-                         ("output vs float dB", "right")):
+    columns: tuple[tuple[str, Justify], ...] = (("rank", "right"), ("node", "left"), ("op", "left"),
+                                                ("SQNR dB", "right"), ("output vs float dB", "right"))
+    for col, justify in columns:
         table.add_column(col, justify=justify)
     for index, r in enumerate(ranking[:top], 1):
         table.add_row(str(index), r.node, r.op_type, f"{r.sqnr_db:.1f}",
@@ -256,10 +259,11 @@ def _gate_table(verdict: Report) -> Table:
 
 def _summary(result: RunResult) -> Table:
     table = Table(title="temper run", title_justify="left")
-    for col, justify in (("model", "left"), ("status", "left"), ("size", "right"), ("steps (time)", "left"),
-                         ("total", "right")):
+    columns: tuple[tuple[str, Justify], ...] = (("model", "left"), ("status", "left"), ("size", "right"),
+                                                ("steps (time)", "left"), ("total", "right"))
+    for col, justify in columns:
         table.add_column(col, justify=justify)
-    rows = [("baseline", result.baseline, None)]
+    rows: list[tuple[str, list[ModelRecord], str | None]] = [("baseline", result.baseline, None)]
     rows += [(c.name, c.records, c.error and (c.failure or "error")) for c in result.candidates]
     for name, records, failure in rows:
         steps = ", ".join(f"{r.step} {r.seconds:.1f}s{'*' if r.cached else ''}" for r in records)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 from temper.pipeline.cache import StepCache, default_root
 from temper.pipeline.runner import ModelRecord
@@ -66,7 +66,8 @@ class Display:
     """Observer that shows the running step (candidate, step, elapsed) and logs each finished one."""
 
     def __init__(self, progress: Progress) -> None:
-        self.progress, self.task = progress, None
+        self.progress = progress
+        self.task: TaskID | None = None
 
     def started(self, chain: str, step: str) -> None:
         if self.task is not None:

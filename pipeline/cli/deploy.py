@@ -10,13 +10,16 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.text import Text
 
 from temper.pipeline.cli.common import TrackingOpt, app, err, out
 from temper.pipeline.errors import EnvironmentProblem, RecipeError, first_line
+
+if TYPE_CHECKING:
+    from temper.artifacts.bundle import ServingConfig
 
 PULL_AGAIN = "pull it again with `temper pull`, or rebuild it with `temper run`"
 
@@ -204,7 +207,7 @@ def _bundle(model: str, tracking: str | None) -> Iterator[tuple[Path, str | None
 
 
 @contextmanager
-def _located(model: str, tracking: str | None) -> Iterator[tuple[Path, object, str | None]]:
+def _located(model: str, tracking: str | None) -> Iterator[tuple[Path, ServingConfig | None, str | None]]:
     """What `temper serve MODEL` serves: (model folder, its ServingConfig or None to read runtime.json, why its
     model is unchecked or None)."""
     from temper.artifacts.integrity import Mismatch

@@ -71,7 +71,9 @@ def tune(prepared: quantize_static.Prepared, dst: Path, options: QuantizeOptions
     assert options.fallback is not None
     tuner = _Tuner(prepared, options, keep_float, scorer, scratch / "trial.onnx", progress)
     ranking: list[sensitivity.NodeSensitivity] = []
-    if not tuner.attempt("plain", []).passed:  # ranked even with no trial left: the report shows it
+    plain = tuner.attempt("plain", [])
+    assert plain is not None  # the plain model is never below the floor it sets
+    if not plain.passed:  # ranked even with no trial left: the report shows it
         if prepare is not None and options.fallback.configurations:
             tuner.configure(prepare)
         if not any(t.passed for t in tuner.trials):  # a configuration alone may have met the budget
@@ -199,7 +201,8 @@ class _Tuner:
         one evaluation each, beside max_trials); the node search then starts from the best. One that
         meets the budget becomes a trial of kind `configuration` and ends the search."""
         plain = self.trials[0]
-        best_drop, best_changes, best_trial = plain.drop, {}, None
+        best_changes: dict[str, object] = {}
+        best_drop, best_trial = plain.drop, None
         for step in alternatives(self.options):
             changes = {**best_changes, **step}
             shown = ", ".join(f"{k}: {v}" for k, v in changes.items())

@@ -91,7 +91,8 @@ def _measure(float_model: Path, qdq_model: Path, feeds: list[Batch], chunk_bytes
     qdq_probe, float_probe = Probe(qdq_model, qdq_saved), Probe(float_model, float_saved)
     done, largest = 0, 0
     while done < len(pairs):
-        chunk, held = [], 0
+        chunk: list[tuple[str, str, str, str | None]] = []
+        held = 0
         for pair in pairs[done:]:
             known = estimate(*pair[1:])
             if known is None and not largest:  # unknown size, nothing read yet: alone

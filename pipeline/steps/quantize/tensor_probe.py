@@ -37,7 +37,7 @@ class Saved:
         """Its size for a batch whose named dimensions (`batch`, `seq`) are `named`; None when unknown."""
         if self.dims is None or any(isinstance(d, str) and d not in named or d is None for d in self.dims):
             return None
-        count = math.prod(named[d] if isinstance(d, str) else d for d in self.dims)
+        count = math.prod(named[d] if isinstance(d, str) else int(d or 0) for d in self.dims)  # None: returned above
         return count * np.dtype(helper.tensor_dtype_to_np_dtype(self.elem_type)).itemsize
 
 

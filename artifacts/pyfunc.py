@@ -7,7 +7,7 @@ pinned pip requirements. predict always returns dict[str, np.ndarray] keyed by o
 one-output models included, matching the named-tensor signature.
 
 The signature names each input with its dtype and shape, and MLflow checks what predict and
-`mlflow models serve` receive against it before this code runs (README "Publishing and serving"
+`mlflow models serve` receive against it before this code runs (docs/serving.md
 lists the forms that pass): a dict of arrays of exactly those dtypes, one array for a
 one-input model, a DataFrame with one column per input whose cells are rows (flat lists, or
 arrays) when every dim but the batch is fixed; served, also `inputs` and `instances` JSON of

@@ -138,7 +138,7 @@ def targets(results: dict[str, ModelResult], args: argparse.Namespace) -> str:
 
 
 def summary(results: dict[str, ModelResult], args: argparse.Namespace) -> str:
-    """The short tables the top-level README shows."""
+    """The short tables docs/benchmarks.md shows."""
     lines = ["### Summary", "",
              "| model | clients | HTTP binary req/s | x (c) | x (b) | p50 ms | p99 ms | avg batch | gRPC req/s "
              "| gRPC x (c) | gRPC p50 ms | gRPC p99 ms | (b) req/s |",

@@ -1,4 +1,4 @@
-"""The layers README.md's Architecture section names, checked on the source so a change that crosses
+"""The layers docs/architecture.md names, checked on the source so a change that crosses
 one fails here, not in a review:
 
     artifacts/                 bottom: ships inside every MLflow model, imports nothing of temper

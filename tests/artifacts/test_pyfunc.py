@@ -120,7 +120,7 @@ def test_predict_inputs_from_dataframes_and_arrays(bundle: Path) -> None:
         as_inputs(np.zeros((1, 4), np.float32), config)
 
 
-# The input forms of the README's "Publishing and serving", on real logged models: an image-like
+# The input forms docs/serving.md lists, on real logged models: an image-like
 # model (every dim but the batch fixed) and a token-like one (a dynamic sequence dim).
 
 PIXELS = np.random.default_rng(2).standard_normal((3, 1, 8, 8))  # float64, as numpy makes it

@@ -92,7 +92,7 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
             reachable(connect(tracking))
         except Exception as exc:  # refused, unknown host, timeout, a file store it cannot open
             raise EnvironmentProblem(f"the MLflow store {tracking_uri(tracking)} does not answer "
-                                     f"({first_line(exc)}): start it, or pass --tracking-uri") from None
+                                     f"({first_line(exc)}): start it, or pass --tracking-uri") from exc
         done.append(f"publish: MLflow store {tracking_uri(tracking)} answers")
     return done
 

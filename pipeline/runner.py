@@ -291,7 +291,7 @@ class Runner:
             model = onnx_io.load_structure(path)
         except Exception as exc:
             raise RecipeError(file, "model.onnx",
-                              f"'{path.name}' is not a valid ONNX model: {first_line(exc)}") from None
+                              f"'{path.name}' is not a valid ONNX model: {first_line(exc)}") from exc
         real_inputs = list(onnx_io.dims(model))
         for i, declared in enumerate(spec.inputs):
             if declared.name not in real_inputs:

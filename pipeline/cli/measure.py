@@ -62,7 +62,7 @@ def bench(
         onnx.checker.check_model(file)
         structure = load_structure(model)
     except Exception as exc:
-        raise RecipeError(file, "MODEL", f"not a valid ONNX model: {first_line(exc)}") from None
+        raise RecipeError(file, "MODEL", f"not a valid ONNX model: {first_line(exc)}") from exc
     try:
         one_row = random_inputs(structure, 1, given)
         for size in sizes:  # a size that cannot fit is refused before anything is allocated for it

@@ -42,7 +42,7 @@ def export(module: torch.nn.Module, spec: ModelSpec, sample: Batch, dst: Path, s
     except Exception as exc:
         shown = ", ".join(f"{i.name} {i.dtype} {list(feed[i.name].shape)}" for i in spec.inputs)
         raise OptionError("inputs", f"the model does not run on a batch of the declared inputs ({shown}): "
-                                    f"{first_line(exc)}; declare the dtypes and shapes its forward() takes") from None
+                                    f"{first_line(exc)}; declare the dtypes and shapes its forward() takes") from exc
     try:
         with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(logs), _quiet_torch_logs():
             warnings.simplefilter("ignore")

@@ -279,6 +279,12 @@ def test_promote_names_the_argument_that_is_wrong(tracking_store: str) -> None:
     assert client.get_registered_model("tiny").aliases == {}
 
 
+def test_promote_tells_a_store_that_does_not_answer_from_a_wrong_name(tmp_path: Path) -> None:
+    absent = temper("promote", "tiny", "1", "--alias", "champion", "--tracking-uri", "http://127.0.0.1:1", cwd=tmp_path)
+    assert absent.returncode == 3, absent.stderr
+    assert one_line(absent).startswith("error: the MLflow store http://127.0.0.1:1 does not answer"), absent.stderr
+
+
 @pytest.mark.parametrize("command", [["pull", "--dest", "bundle"], ["serve", "--port", "0"],
                                      ["export-triton", "--dest", "repo"]])
 def test_registry_commands_tell_an_unknown_model_from_a_store_that_does_not_answer(command, tmp_path):

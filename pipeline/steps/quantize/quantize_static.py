@@ -110,7 +110,7 @@ def _upgraded(src: Path, scratch: Path, large: bool) -> Path:
     except Exception as exc:  # an op the converter cannot carry forward
         raise StepFailed(f"quantize: per_channel needs opset {PER_CHANNEL_OPSET} and this model is opset {opset}; "
                          f"onnx's version converter could not upgrade it ({first_line(exc)}): set per_channel: false "
-                         "or re-export at a newer opset") from None
+                         "or re-export at a newer opset") from exc
     upgraded = scratch / "upgraded.onnx"
     onnx.save_model(model, str(upgraded), save_as_external_data=large)
     return upgraded

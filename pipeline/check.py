@@ -7,7 +7,6 @@ from temper.pipeline.callables import load_callable
 from temper.pipeline.errors import OptionError, RecipeError
 from temper.pipeline.gating import preflight
 from temper.pipeline.runner import Runner
-from temper.pipeline.slice_check import check_slices
 from temper.pipeline.steps import STEPS, uses_calibration
 
 
@@ -38,4 +37,4 @@ def check(runner: Runner, tracking: str | None = None) -> list[str]:
         except OptionError as exc:
             raise RecipeError(loaded.file, f"{where}.{spec.name}.{exc.key}", exc.message) from None
     done.append(f"{len(steps) - len(recipe.steps)} candidate steps match the baseline graph")
-    return done + preflight(runner, tracking) + check_slices(runner)
+    return done + preflight(runner, tracking)

@@ -60,9 +60,8 @@ def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[s
     builds. `allow_build_errors`: a candidate whose build raised does not make the exit code 1 (it is
     still reported, and fails its build gate).
     """
-    from temper.pipeline.gating import from_run, precheck, preflight
+    from temper.pipeline.gating import from_run, preflight
     from temper.pipeline.outputs import OutputFolder
-    from temper.pipeline.slice_check import check_slices
     from temper.validators import report
     from temper.validators.validation import build_report, validate
 
@@ -70,9 +69,7 @@ def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[s
     folder = OutputFolder(output.resolve())
     try:
         with Runner(loaded, cache, observer) as runner:
-            precheck(runner)  # data and providers, before even the baseline is built
-            preflight(runner, tracking)  # what the baseline alone can tell, before any candidate
-            check_slices(runner)
+            preflight(runner, tracking)  # data and providers, then what the baseline alone can tell
             result = runner.run()
             verdict = None
             if loaded.recipe.validation is not None:

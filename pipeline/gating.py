@@ -63,7 +63,9 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
     """Everything validation and publishing need that the baseline alone can tell, so `temper run`
     fails on it before building any candidate and `temper check` finds it too: the metric fits the
     baseline's outputs, each provider really activates, each batch size fits in memory and in the
-    model, and the MLflow store answers. Returns what was checked."""
+    model, every fidelity slice fits its output, and the MLflow store answers. The one home of the
+    pre-flight checks: `temper run` and `temper check` call it once. Returns what was checked."""
+    from temper.pipeline.slice_check import check_slices
     from temper.validators.throughput import fits_in_memory, session_for
 
     precheck(runner)
@@ -85,6 +87,7 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
                     raise RecipeError(loaded.file, f"validate.throughput.batch_sizes[{index}]", problem)
             done.append(f"validate.throughput: providers {', '.join(spec.throughput.providers)} active, batch sizes "
                         f"{spec.throughput.batch_sizes} fit in memory")
+    done += check_slices(runner)  # fidelity slices against the baseline's output shapes
     if runner.recipe.publish is not None:
         from temper.artifacts.registry import connect, reachable, tracking_uri
 

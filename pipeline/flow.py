@@ -52,13 +52,14 @@ def check_required(loaded: LoadedRecipe, names: list[str] | None) -> None:
 
 
 def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[str] | None = None,
-        tracking: str | None = None, observer: Observer | None = None, allow_build_errors: bool = False) -> Outcome:
+        tracking: str | None = None, observer: Observer | None = None, allow_build_errors: bool = False,
+        committed: list[Path] | None = None) -> Outcome:
     """Build the baseline and every candidate, validate them and commit the output folder atomically.
 
     Everything that needs no candidate (data, providers, metric fit, memory, fidelity slices, the MLflow
     store when the recipe publishes) is checked first, so a bad recipe fails in seconds, not after the
     builds. `allow_build_errors`: a candidate whose build raised does not make the exit code 1 (it is
-    still reported, and fails its build gate).
+    still reported, and fails its build gate). `committed` hears the output folder once it is in place.
     """
     from temper.pipeline.gating import from_run, preflight
     from temper.pipeline.outputs import OutputFolder
@@ -66,7 +67,7 @@ def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[s
     from temper.validators.validation import build_report, validate
 
     check_required(loaded, require)
-    folder = OutputFolder(output.resolve())
+    folder = OutputFolder(output.resolve(), committed)
     try:
         with Runner(loaded, cache, observer) as runner:
             preflight(runner, tracking)  # data and providers, then what the baseline alone can tell

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from temper.artifacts.bundle import ServingConfig
 
 MANIFEST = "manifest.json"
-COMMITTED: list[Path] = []  # output folders this process put in place: what an interruption after them leaves
 
 
 def build_fingerprint(recipe: Recipe) -> str:
@@ -34,10 +33,12 @@ def build_fingerprint(recipe: Recipe) -> str:
 
 
 class OutputFolder:
-    def __init__(self, target: Path) -> None:
+    def __init__(self, target: Path, committed: list[Path] | None = None) -> None:
         """Check now, before any heavy work, that `target` can be written and is temper's to replace;
-        remove what dead runs left beside it."""
+        remove what dead runs left beside it. `committed` hears the folder once it is in place (what an
+        interruption after that leaves behind: the CLI says so)."""
         self.target = target.resolve()
+        self.committed = committed
         if self.target.exists() and not self.target.is_dir():
             raise RecipeError(str(target), "--output", "exists and is not a folder")
         if not replaceable(self.target):
@@ -69,7 +70,8 @@ class OutputFolder:
             self._swap()
         except OSError as exc:
             raise _write_error(self.target, exc) from exc
-        COMMITTED.append(self.target)
+        if self.committed is not None:
+            self.committed.append(self.target)
         return self.target
 
     def _swap(self) -> None:

@@ -19,7 +19,7 @@ from rich.text import Text
 from typer._click.exceptions import NoArgsIsHelpError  # typer bundles click: `click`'s own classes never match
 
 from temper.pipeline.cli import build, deploy, measure  # noqa: F401  (each registers its commands on `app`)
-from temper.pipeline.cli.common import COMMAND, DEBUG, app, err, shown
+from temper.pipeline.cli.common import Session, app, err, shown
 from temper.pipeline.errors import TemperError
 
 __all__ = ["app", "main"]
@@ -39,8 +39,8 @@ def _options(
     version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
                                           callback=_show_version)] = False,
 ) -> None:
-    DEBUG["on"] = debug
-    COMMAND["name"] = ctx.invoked_subcommand
+    session: Session = ctx.ensure_object(Session)
+    session.debug, session.command = debug, ctx.invoked_subcommand
     # Exporters, quantizers and MLflow log and warn advice meant for their own developers; temper reports what
     # matters. Without --debug warnings become log records below the root level: a library's own "once" or
     # "always" filter cannot bring them back.
@@ -72,23 +72,22 @@ def main() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # temper shows its own progress
     previous = {each: signal.signal(each, _interrupt) for each in (signal.SIGINT, signal.SIGTERM)
                 if signal.getsignal(each) is not signal.SIG_IGN}  # ignored by the parent (`nohup`, `cmd &`): stays so
+    session = Session()
     try:
-        code = app(standalone_mode=False)  # returns the code of a typer.Exit raised by a command
+        code = app(standalone_mode=False, obj=session)  # returns the code of a typer.Exit raised by a command
     except _Interrupted as exc:
-        from temper.pipeline.outputs import COMMITTED
-
-        if COMMAND["name"] == "serve":  # how a server is stopped: it drained and shut down, a normal end
+        if session.command == "serve":  # how a server is stopped: it drained and shut down, a normal end
             err.print("stopped")
             sys.exit(0)
-        if COMMAND["name"] != "run":
+        if session.command != "run":
             err.print("interrupted")
-        elif COMMITTED:
-            err.print(Text(f"interrupted after writing {shown(COMMITTED[-1])}"), soft_wrap=True)
+        elif session.committed:
+            err.print(Text(f"interrupted after writing {shown(session.committed[-1])}"), soft_wrap=True)
         else:
             err.print("interrupted: nothing was written to the output folder")
         sys.exit(128 + exc.signum)
     except TemperError as exc:
-        if DEBUG["on"]:
+        if session.debug:
             raise
         err.print(Text.assemble(("error: ", "red"), str(exc)), soft_wrap=True)
         sys.exit(exc.exit_code)

@@ -23,6 +23,7 @@ from temper.pipeline.cli.common import (
     OutputOpt,
     RecipeArg,
     RequireOpt,
+    Session,
     TrackingOpt,
     absolute,
     app,
@@ -48,6 +49,7 @@ AllowBuildErrorsOpt = Annotated[bool, typer.Option(
 
 @app.command()
 def run(
+    ctx: typer.Context,
     recipe: RecipeArg,
     output: OutputOpt = None,
     cache_dir: CacheOpt = None,
@@ -64,7 +66,8 @@ def run(
     with progress() as shown_progress:
         outcome = flow.run(loaded, output or (Path("out") / loaded.recipe.name).resolve(),
                            step_cache(cache_dir, not no_cache), require=require, tracking=tracking_uri,
-                           observer=Display(shown_progress), allow_build_errors=allow_build_errors)
+                           observer=Display(shown_progress), allow_build_errors=allow_build_errors,
+                           committed=ctx.ensure_object(Session).committed)
     assert outcome.result is not None
     out.print(_summary(outcome.result))
     _print_not_built(outcome)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -16,8 +17,16 @@ from temper.pipeline.runner import ModelRecord
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Recipes in, optimized and gated ONNX models out.")
 out = Console()
 err = Console(stderr=True)
-DEBUG = {"on": False}
-COMMAND: dict[str, str | None] = {"name": None}  # the subcommand running, for the line an interruption prints
+
+
+@dataclass
+class Session:
+    """What one `temper` invocation knows about itself, handed to the commands as typer's ctx.obj:
+    main() creates it and reads it back for the line an error or interruption ends with."""
+
+    debug: bool = False  # --debug: tracebacks instead of one line
+    command: str | None = None  # the subcommand running
+    committed: list[Path] = field(default_factory=list)  # output folders `run` put in place
 
 
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from temper.artifacts.folders import MARKER, is_marked, mark
-from temper.pipeline import outputs
 from temper.pipeline.errors import RecipeError
 from temper.pipeline.loading import LoadedRecipe, load_recipe
 from temper.pipeline.outputs import MANIFEST, OutputFolder
@@ -85,17 +84,17 @@ def test_an_empty_folder_is_ours_to_fill(tmp_path):
     OutputFolder(tmp_path / "out").discard()
 
 
-def test_commit_replaces_a_marked_folder_with_the_staged_models(tmp_path, monkeypatch):
-    monkeypatch.setattr(outputs, "COMMITTED", [])  # what the CLI reports on an interrupt: not this test's
+def test_commit_replaces_a_marked_folder_with_the_staged_models(tmp_path):
     loaded, result = _result(tmp_path)
     target = tmp_path / "out"
     target.mkdir()
     mark(target, recipe="older")
     (target / "stale.txt").write_text("from the previous run")
-    folder = OutputFolder(target)
+    committed: list[Path] = []  # what the CLI reports on an interrupt after the commit
+    folder = OutputFolder(target, committed)
 
     assert folder.commit(loaded, result, reports=lambda f: (f / "report.md").write_text("# ok\n")) == target.resolve()
-    assert outputs.COMMITTED == [target.resolve()]
+    assert committed == [target.resolve()]
     assert sorted(p.name for p in target.iterdir()) == [MARKER, "baseline", "fp16", MANIFEST, "report.md"]
     assert (target / "baseline" / "model.onnx").read_bytes() == b"base"
     assert sorted(p.name for p in (target / "fp16").iterdir()) == ["model.onnx", "model.onnx.data"]

@@ -93,7 +93,9 @@ def test_a_build_error_is_named_everywhere_and_fails_the_gated_run(temper, tmp_p
     (line,) = [x for x in result.stderr.splitlines() if "candidate broken" in x]
     assert line.startswith("error: candidate broken did not build: quantize: ") and "not a gate: exit 1" in line
     report = read_report(out)
-    assert report["selected"] == "ok" and report["passed"] is True  # the others are still gated and selected
+    assert report["candidates"]["ok"]["passed"] is True  # the others are still gated
+    # and selected by the rule: with no speed measured nothing shows `ok` beats the baseline
+    assert report["selected"] == "baseline" and "speed was not measured" in report["selection_reason"]
     assert list(report["not_built"]) == ["broken"] and report["not_built"]["broken"]["kind"] == "error"
     assert report["not_built"]["broken"]["reason"].startswith("quantize: ")
     assert [g["passed"] for g in report["candidates"]["broken"]["gates"] if g["name"] == "build"] == [False]

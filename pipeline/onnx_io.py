@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -13,14 +12,6 @@ from google.protobuf.message import EncodeError
 from temper.pipeline.errors import OptionError
 
 Batch = dict[str, np.ndarray]
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def load_structure(path: Path) -> onnx.ModelProto:

@@ -9,11 +9,11 @@ from typing import Any
 
 from temper.artifacts import bundle, versions
 from temper.artifacts.host import HostProfile
+from temper.artifacts.integrity import sha256_of
 from temper.artifacts.registry import Published, connect, record_run, register
 from temper.pipeline.cache import MODEL_FILE
 from temper.pipeline.errors import EnvironmentProblem, first_line
 from temper.pipeline.loading import LoadedRecipe
-from temper.pipeline.onnx_io import sha256_file
 from temper.pipeline.outputs import MANIFEST
 from temper.pipeline.steps import candidate_precision
 from temper.validators.report_model import FILE as REPORT_FILE
@@ -107,7 +107,7 @@ def _version_tags(loaded: LoadedRecipe, report: Report, selected: str, model: Pa
         "precision": (candidate.precision if candidate and candidate.precision
                       else candidate_precision(loaded.recipe, selected)),
         "provider": validation.throughput.providers[0] if validation and validation.throughput else "cpu",
-        "model_sha256": sha256_file(model),
+        "model_sha256": sha256_of(model),
         "gates": (", ".join(f"{g.name}={'pass' if g.passed else 'FAIL'}" for g in gates)
                   or f"baseline: {report.selection_reason}")[:TAG_LIMIT],
     }

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from temper.artifacts.folders import claim, sweep
+from temper.artifacts.integrity import sha256_of
 from temper.calibration.sources import Dataset, load
 from temper.pipeline import onnx_io
 from temper.pipeline.cache import MODEL_FILE, StepCache, key_of
@@ -256,8 +257,8 @@ class Runner:
             dep_path = self.loaded.path(dep)
             if not dep_path.is_file():
                 raise RecipeError(self.loaded.file, f"model.depends_on[{i}]", f"'{dep_path}' not found")
-            depends.append(onnx_io.sha256_file(dep_path))
-        factory_sha = onnx_io.sha256_file(path) if path.is_file() else "missing"
+            depends.append(sha256_of(dep_path))
+        factory_sha = sha256_of(path) if path.is_file() else "missing"
         options = spec.export.model_dump(mode="json")
         key = key_of(step="export", factory=factory_sha, function=function, depends=depends,
                      inputs=[i.model_dump(mode="json") for i in spec.inputs], outputs=spec.outputs,
@@ -314,7 +315,7 @@ class Runner:
             if name not in real_outputs:
                 raise RecipeError(file, f"model.outputs[{i}]",
                                   f"'{name}' is not an output of {path.name}; its outputs: {', '.join(real_outputs)}")
-        return ModelRecord("source", None, "load", {"onnx": spec.onnx}, path, onnx_io.sha256_file(path),
+        return ModelRecord("source", None, "load", {"onnx": spec.onnx}, path, sha256_of(path),
                            path.stat().st_size, 0.0, False)
 
     def chain(self, name: str, start: ModelRecord, steps: list[StepSpec], keypath: str) -> list[ModelRecord]:
@@ -372,7 +373,7 @@ class Runner:
                 raise StepFailed(f"{step}: produced no model")
             path = self.cache.put(key, dst, {"seconds": seconds, "step": step, "options": options})
             cached = False
-        record = ModelRecord(model_id, parent, step, options, path, onnx_io.sha256_file(path),
+        record = ModelRecord(model_id, parent, step, options, path, sha256_of(path),
                              path.stat().st_size, round(seconds, 3), cached)
         self.observer.finished(chain, record)
         return record

@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from temper.pipeline.onnx_io import sha256_file
+from temper.artifacts.integrity import sha256_of
 from tests.conftest import edit_recipe
 
 
@@ -52,7 +52,7 @@ def test_run_writes_every_candidate_and_a_truthful_manifest(temper, digits, tmp_
     assert models["int8-static/1-quantize"]["options"]["calibration"] == "entropy"
     for name, entry in manifest["candidates"].items():
         assert entry["status"] == "ok"
-        assert models[entry["model"]]["sha256"] == sha256_file(out / name / "model.onnx")
+        assert models[entry["model"]]["sha256"] == sha256_of(out / name / "model.onnx")
     assert {"torch", "onnx", "onnxruntime", "onnxsim"} <= set(manifest["versions"])
 
     # The candidates really are what they claim, and still classify the held-out digits.

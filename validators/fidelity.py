@@ -93,7 +93,8 @@ def fidelity_gates(comparisons: list[Comparison], spec: ValidateSpec) -> list[Ga
         bounds: FidelityGate | FidelitySlice | None
         if c.slice is None:
             gates.append(Gate(f"fidelity.{c.name}.finite", c.nonfinite == 0, float(c.nonfinite), 0.0,
-                              f"{c.nonfinite} NaN/Inf values" if c.nonfinite else "all values finite"))
+                              f"{c.nonfinite} NaN/Inf values" if c.nonfinite else "all values finite",
+                              kind="fidelity"))
             bounds = fidelity
         else:
             bounds = parts[c.name]

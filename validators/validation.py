@@ -248,19 +248,21 @@ def _speed_gate(bench: Bench, up: Speedup, spec: ValidateSpec) -> Gate | None:
         (up.low, up.high) if up.low is not None and up.high is not None else None)
     level = f"{throughput.confidence:.0%}"
     decision = up.decide(minimum)
-    at = {"kind": "throughput", "provider": bench.provider, "batch_size": bench.batch_size}
+
+    def gate(passed: bool, detail: str, verdict: str) -> Gate:
+        return Gate(name, passed, up.ratio, minimum, detail, verdict, interval, kind="throughput",
+                    provider=bench.provider, batch_size=bench.batch_size)
+
     if decision == "pass":
-        return Gate(name, True, up.ratio, minimum, f"speedup {where} {up.shown()} ({level}, {up.rounds} rounds): "
-                                                   f"all of it >= {minimum:g}", "pass", interval, **at)
+        return gate(True, f"speedup {where} {up.shown()} ({level}, {up.rounds} rounds): all of it >= {minimum:g}",
+                    "pass")
     if decision == "fail":
-        return Gate(name, False, up.ratio, minimum, f"speedup {where} {up.shown()} ({level}, {up.rounds} rounds): "
-                                                    f"all of it < {minimum:g}", "fail", interval, **at)
+        return gate(False, f"speedup {where} {up.shown()} ({level}, {up.rounds} rounds): all of it < {minimum:g}",
+                    "fail")
     counted = throughput.inconclusive == "pass"
-    return Gate(name, counted, up.ratio, minimum,
-                f"inconclusive: noise; speedup {where} {up.shown()} ({level}, {up.rounds} rounds, "
-                f"{throughput.budget_s:g} s budget) straddles {minimum:g}; counted as "
-                f"{'a pass' if counted else 'a failure'} (validate.throughput.inconclusive)", "inconclusive", interval,
-                **at)
+    return gate(counted, f"inconclusive: noise; speedup {where} {up.shown()} ({level}, {up.rounds} rounds, "
+                         f"{throughput.budget_s:g} s budget) straddles {minimum:g}; counted as "
+                         f"{'a pass' if counted else 'a failure'} (validate.throughput.inconclusive)", "inconclusive")
 
 
 def _rank_speed(mine: list[tuple[Measurement, Speedup]], spec: ValidateSpec) -> tuple[float | None, Speedup | None]:

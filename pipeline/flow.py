@@ -124,7 +124,7 @@ def _still_not_built(verdict: Report, output: Path) -> dict[str, NotBuilt]:
     except Exception:  # no report (an ungated run), or one of an older schema
         earlier = {}
     return {name: earlier.get(name) or report_model.NotBuilt(kind="error", reason=gate.detail)
-            for name, c in verdict.candidates.items() for gate in c.gates if gate.name == "build" and not gate.passed}
+            for name, c in verdict.candidates.items() for gate in c.gates if gate.kind == "build" and not gate.passed}
 
 
 @dataclass

@@ -93,7 +93,8 @@ def fidelity_gates(comparisons: list[Comparison], spec: ValidateSpec) -> list[Ga
         bounds: FidelityGate | FidelitySlice | None
         if c.slice is None:
             gates.append(Gate(f"fidelity.{c.name}.finite", c.nonfinite == 0, float(c.nonfinite), 0.0,
-                              f"{c.nonfinite} NaN/Inf values" if c.nonfinite else "all values finite"))
+                              f"{c.nonfinite} NaN/Inf values" if c.nonfinite else "all values finite",
+                              kind="fidelity"))
             bounds = fidelity
         else:
             bounds = parts[c.name]
@@ -101,10 +102,12 @@ def fidelity_gates(comparisons: list[Comparison], spec: ValidateSpec) -> list[Ga
             continue
         what = "" if c.slice is None else f" of {c.slice.output}[axis {c.slice.axis}: {c.slice.start}:{c.slice.stop}]"
         if bounds.cosine_min is not None:
-            gates.append(at_least(f"fidelity.{c.name}.cosine", c.cosine, bounds.cosine_min,
+            gates.append(at_least("fidelity", f"fidelity.{c.name}.cosine", c.cosine, bounds.cosine_min,
                                   f"cosine to baseline{what}"))
         if bounds.atol is not None:
-            gates.append(at_most(f"fidelity.{c.name}.max_abs", c.max_abs, bounds.atol, f"max abs error{what}"))
+            gates.append(at_most("fidelity", f"fidelity.{c.name}.max_abs", c.max_abs, bounds.atol,
+                                 f"max abs error{what}"))
         if bounds.rel_l2_max is not None:
-            gates.append(at_most(f"fidelity.{c.name}.rel_l2", c.rel_l2, bounds.rel_l2_max, f"relative L2 error{what}"))
+            gates.append(at_most("fidelity", f"fidelity.{c.name}.rel_l2", c.rel_l2, bounds.rel_l2_max,
+                                 f"relative L2 error{what}"))
     return gates

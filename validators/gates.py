@@ -9,14 +9,17 @@ straddling 1.0 is no evidence of being faster; for `smallest-passing`, a smaller
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from temper.validators.speedup import Speedup
+
+GateKind = Literal["build", "accuracy", "fidelity", "throughput", "precision", "fallback"]
 
 
 @dataclass(frozen=True)
 class Gate:
-    """One check of one candidate: what was measured, against what budget, and the verdict."""
+    """One check of one candidate: what was measured, against what budget, and the verdict. Readers
+    tell gates apart by `kind` (and a speed gate's `provider` and `batch_size`), never by parsing `name`."""
 
     name: str  # "build", "accuracy", "fidelity.<output>.cosine", "throughput.cpu.b32", ...
     passed: bool
@@ -25,6 +28,9 @@ class Gate:
     detail: str
     verdict: str = ""  # "pass", "fail" or "inconclusive" (a speed gate noise kept from deciding)
     interval: tuple[float, float] | None = None  # a speed gate's confidence interval
+    kind: GateKind = field(kw_only=True)
+    provider: str | None = field(default=None, kw_only=True)  # a speed gate's
+    batch_size: int | None = field(default=None, kw_only=True)  # a speed gate's
 
     def __post_init__(self) -> None:
         if not self.verdict:
@@ -49,14 +55,14 @@ class Verdict:
         return bool(self.gates) and all(g.passed for g in self.gates)
 
 
-def at_least(name: str, measured: float, minimum: float, what: str) -> Gate:
+def at_least(kind: GateKind, name: str, measured: float, minimum: float, what: str) -> Gate:
     ok = bool(measured >= minimum)
-    return Gate(name, ok, measured, minimum, f"{what} {measured:.4g} {'>=' if ok else '<'} {minimum:.4g}")
+    return Gate(name, ok, measured, minimum, f"{what} {measured:.4g} {'>=' if ok else '<'} {minimum:.4g}", kind=kind)
 
 
-def at_most(name: str, measured: float, maximum: float, what: str) -> Gate:
+def at_most(kind: GateKind, name: str, measured: float, maximum: float, what: str) -> Gate:
     ok = bool(measured <= maximum)
-    return Gate(name, ok, measured, maximum, f"{what} {measured:.4g} {'<=' if ok else '>'} {maximum:.4g}")
+    return Gate(name, ok, measured, maximum, f"{what} {measured:.4g} {'<=' if ok else '>'} {maximum:.4g}", kind=kind)
 
 
 def beats_baseline(verdict: Verdict, rule: str, baseline_bytes: int | None) -> bool:

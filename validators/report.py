@@ -230,7 +230,7 @@ def junit(report: Readable) -> ET.ElementTree:
     cases = [(name, gate) for name, c in report.candidates.items() for gate in c.gates]
 
     def raised(name: str, gate: Any) -> bool:  # a build error is a JUnit error, not a failed check
-        return gate.name == "build" and name in report.not_built and report.not_built[name].kind == "error"
+        return gate.kind == "build" and name in report.not_built and report.not_built[name].kind == "error"
 
     errors = sum(not g.passed and raised(n, g) for n, g in cases)
     failures = sum(not g.passed for _, g in cases) - errors

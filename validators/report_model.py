@@ -47,6 +47,10 @@ class Gate(_Model):
     detail: str
     verdict: Verdict = Field(description="inconclusive: a speed gate noise kept from deciding")
     interval: Interval | None = Field(description="a speed gate's confidence interval of the speedup")
+    kind: Literal["build", "accuracy", "fidelity", "throughput", "precision", "fallback"] = Field(
+        description="what the gate checks: tell gates apart by this, not by parsing name")
+    provider: str | None = Field(None, description="a throughput gate's provider")
+    batch_size: int | None = Field(None, description="a throughput gate's batch size")
 
 
 class OutputSlice(_Model):

@@ -22,7 +22,8 @@ def truth_gates(census: Census, intended: str | None, tuning: dict[str, Any] | N
     # fp32 is what the registry says of steps that convert nothing: "as the input was", not a promise
     if intended not in (None, UNCHANGED) and actual != intended:
         gates.append(Gate("precision", False, float(census.quantized), None,
-                          f"the recipe's steps make {intended}, but the graph is {actual}: {census.describe()}"))
+                          f"the recipe's steps make {intended}, but the graph is {actual}: {census.describe()}",
+                          kind="precision"))
     if tuning is not None and tuning.get("floor_reached") and not tuning["met"]:
         best = tuning["trials"][tuning["best"]]
         plain = tuning["trials"][0]["quantized"]
@@ -31,5 +32,6 @@ def truth_gates(census: Census, intended: str | None, tuning: dict[str, Any] | N
             f"budget not reachable in INT8: no trial keeping at least {tuning['floor']} quantized nodes "
             f"(fallback.min_quantized {tuning['min_quantized']:g} of the plain model's {plain}) held the budget; "
             f"the best drops {best['drop']:.4f} (allowed {tuning['allowed_drop']:.4f}) with {best['quantized']} "
-            "quantized; lower fallback.min_quantized to trade INT8 for accuracy, or keep the FP32 baseline"))
+            "quantized; lower fallback.min_quantized to trade INT8 for accuracy, or keep the FP32 baseline",
+            kind="fallback"))
     return gates

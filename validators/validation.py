@@ -113,18 +113,19 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
         result = CandidateResult(Verdict(name))
         results.append(result)
         if not isinstance(path, Path):
-            result.verdict.gates.append(Gate("build", False, None, None, path))
+            result.verdict.gates.append(Gate("build", False, None, None, path, kind="build"))
             continue
         result.verdict.bytes = path.stat().st_size
         result.tuning = subject.tunings.get(name)
-        result.verdict.gates.append(Gate("build", True, None, None, "built"))
+        result.verdict.gates.append(Gate("build", True, None, None, "built", kind="build"))
         result.census = of_file(path)
         result.verdict.gates += truth_gates(result.census, subject.precisions.get(name), result.tuning)
         progress(f"{name} › evaluate")
         out = predict(path, subject.evaluation.features, subject.eval_batch_size)
         if ref is not None:
             result.metric, result.drop = ref.score(out)
-            result.verdict.gates.append(at_most("accuracy", result.drop, ref.allowed, f"{ref.metric.name} drop"))
+            result.verdict.gates.append(at_most("accuracy", "accuracy", result.drop, ref.allowed,
+                                                f"{ref.metric.name} drop"))
         result.fidelity = compare_outputs(base_out, out, spec)  # whole outputs, then the recipe's slices
         result.verdict.gates += fidelity_gates(result.fidelity, spec)
         result.throughput = [_speed(bench, name, spec) for bench in benches]
@@ -247,17 +248,21 @@ def _speed_gate(bench: Bench, up: Speedup, spec: ValidateSpec) -> Gate | None:
         (up.low, up.high) if up.low is not None and up.high is not None else None)
     level = f"{throughput.confidence:.0%}"
     decision = up.decide(minimum)
+
+    def gate(passed: bool, detail: str, verdict: str) -> Gate:
+        return Gate(name, passed, up.ratio, minimum, detail, verdict, interval, kind="throughput",
+                    provider=bench.provider, batch_size=bench.batch_size)
+
     if decision == "pass":
-        return Gate(name, True, up.ratio, minimum, f"speedup {where} {up.shown()} ({level}, {up.rounds} rounds): "
-                                                   f"all of it >= {minimum:g}", "pass", interval)
+        return gate(True, f"speedup {where} {up.shown()} ({level}, {up.rounds} rounds): all of it >= {minimum:g}",
+                    "pass")
     if decision == "fail":
-        return Gate(name, False, up.ratio, minimum, f"speedup {where} {up.shown()} ({level}, {up.rounds} rounds): "
-                                                    f"all of it < {minimum:g}", "fail", interval)
+        return gate(False, f"speedup {where} {up.shown()} ({level}, {up.rounds} rounds): all of it < {minimum:g}",
+                    "fail")
     counted = throughput.inconclusive == "pass"
-    return Gate(name, counted, up.ratio, minimum,
-                f"inconclusive: noise; speedup {where} {up.shown()} ({level}, {up.rounds} rounds, "
-                f"{throughput.budget_s:g} s budget) straddles {minimum:g}; counted as "
-                f"{'a pass' if counted else 'a failure'} (validate.throughput.inconclusive)", "inconclusive", interval)
+    return gate(counted, f"inconclusive: noise; speedup {where} {up.shown()} ({level}, {up.rounds} rounds, "
+                         f"{throughput.budget_s:g} s budget) straddles {minimum:g}; counted as "
+                         f"{'a pass' if counted else 'a failure'} (validate.throughput.inconclusive)", "inconclusive")
 
 
 def _rank_speed(mine: list[tuple[Measurement, Speedup]], spec: ValidateSpec) -> tuple[float | None, Speedup | None]:
@@ -282,13 +287,13 @@ def why_baseline(results: list[CandidateResult], host: HostProfile, precisions: 
             clauses.append(_not_better(result.verdict, rule, spec, baseline_bytes))
             continue
         gate = next(g for g in result.verdict.gates if not g.passed)
-        if gate.name.startswith("throughput."):
-            what = (f"{name} is {gate.measured:.2f}x the baseline at batch {gate.name.rsplit('.b', 1)[1]}"
+        if gate.kind == "throughput":
+            what = (f"{name} is {gate.measured:.2f}x the baseline at batch {gate.batch_size}"
                     if gate.verdict == "fail"
                     else f"{name}'s speedup could not be told from noise ({gate.measured:.2f}x)")
-            hint = _host_hint(precisions.get(name, ""), host, gate.name.split(".")[1])
+            hint = _host_hint(precisions.get(name, ""), host, gate.provider or "")
             clauses.append(what + (f": {hint}" if hint else ""))
-        elif gate.name == "build":
+        elif gate.kind == "build":
             clauses.append(f"{name} did not build")
         else:
             clauses.append(f"{name} failed {gate.name} ({gate.detail})")

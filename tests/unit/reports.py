@@ -27,10 +27,12 @@ def measurement(samples_per_s: float, **extra: Any) -> dict[str, Any]:
 
 
 def gate(name: str, passed: bool, detail: str, verdict: str = "", interval: list[float] | None = None,
-         measured: float | None = 1.0, budget: float | None = 1.0) -> dict[str, Any]:
+         measured: float | None = 1.0, budget: float | None = 1.0, kind: str = "accuracy",
+         provider: str | None = None, batch_size: int | None = None) -> dict[str, Any]:
     """One gate as report.json holds it (validators.gates.Gate.as_dict)."""
     return {"name": name, "passed": passed, "measured": measured, "budget": budget, "detail": detail,
-            "verdict": verdict or ("pass" if passed else "fail"), "interval": interval}
+            "verdict": verdict or ("pass" if passed else "fail"), "interval": interval, "kind": kind,
+            "provider": provider, "batch_size": batch_size}
 
 
 CENSUS = {"eligible": 3, "quantized": 3, "fp16": 0, "fp32": 0, "in_subgraphs": 0, "quantized_in_subgraphs": 0,
@@ -50,7 +52,8 @@ def sample_report() -> dict[str, Any]:
             "int8": {"passed": False, "bytes": 12 * 1024, "metric": 0.94, "drop": 0.01, "precision": "int8-static",
                      "intended_precision": "int8-static", "census": CENSUS,
                      "gates": [gate("accuracy", True, "top1 drop 0.01 <= 0.02"),
-                               gate("throughput.cpu.b8", False, INCONCLUSIVE, "inconclusive", [0.9, 1.3], 1.1, 1.2)],
+                               gate("throughput.cpu.b8", False, INCONCLUSIVE, "inconclusive", [0.9, 1.3], 1.1, 1.2,
+                                    "throughput", "cpu", 8)],
                      "fidelity": [fidelity],
                      "throughput": [measurement(4400.0, speedup=1.1, speedup_interval=[0.9, 1.3])],
                      "tuning": None},

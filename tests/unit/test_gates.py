@@ -13,37 +13,40 @@ FASTER = Speedup(1.5, 1.3, 1.7, 5, 0.95)  # an interval wholly above 1.0
 
 def _candidate(name: str, passed: bool = True, speed: float | None = None, size: int | None = None,
                speedup: Speedup | None = FASTER) -> Verdict:
-    return Verdict(name, [Gate("build", passed, None, None, "")], bytes=size, speed=speed, speedup=speedup)
+    return Verdict(name, [Gate("build", passed, None, None, "", kind="build")], bytes=size, speed=speed,
+                   speedup=speedup)
 
 
 def test_at_least_holds_at_the_budget_and_says_so():
-    gate = at_least("accuracy", 0.9, 0.9, "top1")
+    gate = at_least("accuracy", "accuracy", 0.9, 0.9, "top1")
     assert (gate.passed, gate.verdict, gate.measured, gate.budget) == (True, "pass", 0.9, 0.9)
     assert gate.detail == "top1 0.9 >= 0.9"
-    missed = at_least("accuracy", 0.8912345, 0.9, "top1")
+    missed = at_least("accuracy", "accuracy", 0.8912345, 0.9, "top1")
     assert (missed.passed, missed.verdict, missed.detail) == (False, "fail", "top1 0.8912 < 0.9")
 
 
 def test_at_most_holds_at_the_budget_and_says_so():
-    assert at_most("drop", 0.01, 0.01, "drop").detail == "drop 0.01 <= 0.01"
-    missed = at_most("drop", 0.025, 0.01, "drop")
+    assert at_most("accuracy", "drop", 0.01, 0.01, "drop").detail == "drop 0.01 <= 0.01"
+    missed = at_most("accuracy", "drop", 0.025, 0.01, "drop")
     assert (missed.passed, missed.detail) == (False, "drop 0.025 > 0.01")
 
 
 def test_numpy_numbers_give_a_plain_bool():
     """report.json is written with json: a numpy bool there would not serialise."""
-    assert type(at_least("x", np.float32(1.0), 0.5, "x").passed) is bool
-    assert type(at_most("x", np.float64(1.0), 0.5, "x").passed) is bool
+    assert type(at_least("fidelity", "x", np.float32(1.0), 0.5, "x").passed) is bool
+    assert type(at_most("fidelity", "x", np.float64(1.0), 0.5, "x").passed) is bool
 
 
 def test_gate_keeps_an_explicit_verdict_and_its_interval():
-    gate = Gate("throughput.cpu.b8", False, 1.1, 1.2, "inconclusive", verdict="inconclusive", interval=(0.9, 1.3))
+    gate = Gate("throughput.cpu.b8", False, 1.1, 1.2, "inconclusive", verdict="inconclusive", interval=(0.9, 1.3),
+                kind="throughput", provider="cpu", batch_size=8)
     assert gate.verdict == "inconclusive" and gate.as_dict()["interval"] == (0.9, 1.3)
 
 
 def test_a_verdict_without_gates_never_passes():
     assert not Verdict("empty").passed
-    assert not Verdict("one-failed", [Gate("a", True, 1, 1, ""), Gate("b", False, 0, 1, "")]).passed
+    gates = [Gate("a", True, 1, 1, "", kind="accuracy"), Gate("b", False, 0, 1, "", kind="fidelity")]
+    assert not Verdict("one-failed", gates).passed
 
 
 def test_no_passing_candidate_selects_nothing():

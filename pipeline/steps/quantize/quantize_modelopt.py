@@ -88,14 +88,17 @@ def _ort_left_as_found() -> Iterator[None]:
     ModelOpt replaces methods of ORT's calibrators and quantizers process-wide
     (`modelopt.onnx.quantization.ort_patching.patch_ort_modules`) and never restores them, so an
     ORT static candidate built after a ModelOpt one in the same run would calibrate with
-    ModelOpt's code and fail ("Histogram has not been collected").
+    ModelOpt's code and fail ("Histogram has not been collected"). It also edits ORT's op
+    registries in place (QLinearOpsRegistry, QDQRegistry: Concat, Sigmoid, Relu, ... removed), so
+    that candidate would quantize other ops than it does alone: their contents are put back too.
     """
-    from onnxruntime.quantization import base_quantizer, calibrate, onnx_quantizer, qdq_quantizer, quantize
+    from onnxruntime.quantization import base_quantizer, calibrate, onnx_quantizer, qdq_quantizer, quantize, registry
 
     modules = (calibrate, base_quantizer, onnx_quantizer, qdq_quantizer, quantize)
     classes = {value for module in modules for value in vars(module).values()
                if isinstance(value, type) and value.__module__.startswith("onnxruntime.quantization")}
     saved = [(owner, dict(vars(owner))) for owner in (*modules, *classes)]
+    tables = {name: dict(table) for name, table in vars(registry).items() if isinstance(table, dict)}
     try:
         yield
     finally:
@@ -103,3 +106,7 @@ def _ort_left_as_found() -> Iterator[None]:
             for name, value in attributes.items():
                 if vars(owner).get(name) is not value:
                     setattr(owner, name, value)
+        for name, contents in tables.items():  # in place: the quantizers hold these very dicts
+            table = getattr(registry, name)
+            table.clear()
+            table.update(contents)

@@ -61,6 +61,12 @@ def test_an_ort_static_candidate_after_a_modelopt_one_calibrates_as_before(tmp_p
                                                    calibration=method))
                 for method in ("minmax", "entropy")}
 
-    before = ort_scales("before")
+    def ort_graph(tag: str) -> list[str]:
+        return ops(quantize(src, tmp_path, name=f"{tag}-graph", mode="static"))
+
+    before, graph = ort_scales("before"), ort_graph("before")
     quantize(src, tmp_path, name="modelopt", mode="static", backend="modelopt")
     assert ort_scales("after") == before
+    # ModelOpt also edits ORT's op registries in place (Relu, Concat, ... out of QDQRegistry): the same
+    # ops must be quantized after it as before
+    assert ort_graph("after") == graph

@@ -1,11 +1,76 @@
-"""Why a request was not answered, as exceptions both servers map to their own status codes.
+"""Every way temper fails on purpose, in one place every layer may import.
 
-They live apart from the Runtime so that the batcher, the REST server and the gRPC server name
-the same classes without importing each other; each class says which status it becomes.
+Run errors end a command with a chosen exit code and one line of text, no traceback (TemperError
+and its subclasses). Request errors say why the serving runtime did not answer one request; the
+batcher, the REST server and the gRPC server each map them to their own status code.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
+from collections.abc import Iterable
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes some libraries put in messages
+
+
+def first_line(exc: BaseException) -> str:
+    """`Type: first line of the message`: library messages run to pages; the CLI shows one line."""
+    lines = [line.strip() for line in _ANSI.sub("", str(exc)).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def close_names(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
+    """The known names nearest a mistyped one, best first: what every "did you mean" offers."""
+    return difflib.get_close_matches(name, list(choices), n=n)
+
+
+class TemperError(Exception):
+    """Base class: `exit_code` is what the CLI returns, `str(err)` the one line it prints."""
+
+    exit_code = 1
+
+
+class RecipeError(TemperError):
+    """Bad input: the recipe or something it refers to. Always names the file and key."""
+
+    exit_code = 2
+
+    def __init__(self, file: str, key: str, message: str) -> None:
+        self.file, self.key, self.message = file, key, message
+        where = f"{file}: {key}: " if key else f"{file}: "
+        super().__init__(where + message)
+
+
+class OptionError(ValueError):
+    """Raised by a step's `validate` about one of its own options; the runner adds file and key path."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key, self.message = key, message
+        super().__init__(f"{key}: {message}")
+
+
+class StepFailed(TemperError):
+    """A step ran and could not produce a trustworthy model (export mismatch, NaN after FP16...)."""
+
+    exit_code = 1
+
+    @property
+    def kind(self) -> str:
+        """"error" when code raised while building (the cause, kept by `raise ... from`, is an exception of
+        a library, of temper or of the environment: a missing file, a crash), "rejected" when the step's
+        own check refused the model it built (NaN/Inf, a mismatch): a verdict on the candidate, like a gate's."""
+        cause = self.__cause__
+        return "rejected" if cause is None or isinstance(cause, StepFailed) else "error"
+
+
+class EnvironmentProblem(TemperError):
+    """The machine lacks something the recipe needs (a provider, a library, a GPU)."""
+
+    exit_code = 3
+
+
+# Request errors: why the serving runtime did not answer one request.
 
 class RequestError(ValueError):
     """Bad request (HTTP 400, gRPC INVALID_ARGUMENT): the message says what is wrong."""

@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 from onnxruntime.quantization import CalibrationDataReader, quantize_dynamic, quantize_static  # noqa: E402
 
+from temper.artifacts.errors import TemperError  # noqa: E402
 from temper.pipeline import gating, onnx_io  # noqa: E402
 from temper.pipeline.cache import StepCache, default_root  # noqa: E402
-from temper.pipeline.errors import TemperError  # noqa: E402
 from temper.pipeline.loading import load_recipe  # noqa: E402
 from temper.pipeline.runner import Runner  # noqa: E402
 from temper.pipeline.steps.quantize import calibration_feeds  # noqa: E402

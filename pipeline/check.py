@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from temper.pipeline import onnx_io
-from temper.pipeline.callables import load_callable
-from temper.pipeline.errors import OptionError, RecipeError
+from temper.artifacts import onnx_io
+from temper.artifacts.callables import load_callable
+from temper.artifacts.errors import OptionError, RecipeError
 from temper.pipeline.gating import preflight
 from temper.pipeline.runner import Runner
 from temper.pipeline.steps import STEPS, uses_calibration

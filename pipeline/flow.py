@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from temper.artifacts.errors import EnvironmentProblem, RecipeError
 from temper.pipeline.cache import StepCache
-from temper.pipeline.errors import EnvironmentProblem, RecipeError
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.runner import Observer, Runner, RunResult
 

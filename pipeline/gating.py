@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line
 from temper.artifacts.integrity import Mismatch, check_output
 from temper.pipeline.cache import MODEL_FILE, TUNING_FILE
-from temper.pipeline.errors import EnvironmentProblem, RecipeError, first_line
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.outputs import MANIFEST, build_fingerprint
 from temper.pipeline.runner import Runner, RunResult

@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from temper.artifacts.errors import RecipeError, close_names
 from temper.pipeline import presets
-from temper.pipeline.errors import RecipeError, close_names
 from temper.pipeline.recipe import Recipe
 from temper.pipeline.search import RefusedAlternative, Search, expand
 from temper.pipeline.steps import STEPS

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from onnx.external_data_helper import _get_all_tensors
 
+from temper.artifacts.errors import EnvironmentProblem, RecipeError, TemperError, first_line
 from temper.artifacts.folders import MARKER, claim, mark, replaceable, swap_in, sweep
 from temper.artifacts.host import profile
+from temper.artifacts.onnx_io import load_structure
 from temper.pipeline.cache import MODEL_FILE, TUNING_FILE, key_of
-from temper.pipeline.errors import EnvironmentProblem, RecipeError, TemperError, first_line
 from temper.pipeline.loading import LoadedRecipe
-from temper.pipeline.onnx_io import load_structure
 from temper.pipeline.recipe import Recipe
 from temper.pipeline.runner import ModelRecord, RunResult, library_versions
 

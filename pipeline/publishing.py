@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from temper.artifacts import bundle, versions
+from temper.artifacts.errors import EnvironmentProblem, first_line
 from temper.artifacts.host import HostProfile
 from temper.artifacts.integrity import sha256_of
 from temper.artifacts.registry import Published, connect, record_run, register
 from temper.pipeline.cache import MODEL_FILE
-from temper.pipeline.errors import EnvironmentProblem, first_line
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.outputs import MANIFEST
 from temper.pipeline.steps import candidate_precision

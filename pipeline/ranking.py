@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import io
 
-from temper.pipeline import onnx_io
-from temper.pipeline.errors import RecipeError
+from temper.artifacts import onnx_io
+from temper.artifacts.errors import RecipeError
 from temper.pipeline.runner import Runner
 from temper.pipeline.step_options import FallbackOptions, QuantizeOptions
 from temper.pipeline.steps.quantize import (

@@ -19,18 +19,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import onnx
 
+from temper.artifacts import onnx_io
+from temper.artifacts.callables import call_user, load_callable, split_ref
+from temper.artifacts.errors import OptionError, RecipeError, StepFailed, TemperError, first_line
 from temper.artifacts.folders import claim, sweep
 from temper.artifacts.integrity import sha256_of
 from temper.calibration.sources import Dataset, load
-from temper.pipeline import onnx_io
+from temper.calibration.spec import DataSource
 from temper.pipeline.cache import MODEL_FILE, StepCache, key_of
-from temper.pipeline.callables import call_user, load_callable, split_ref
-from temper.pipeline.errors import OptionError, RecipeError, StepFailed, TemperError, first_line
 from temper.pipeline.loading import LoadedRecipe
-from temper.pipeline.recipe import DataSource, InputSpec, StepSpec
+from temper.pipeline.recipe import InputSpec, StepSpec
 
 if TYPE_CHECKING:  # the steps import onnxsim, ORT's quantizers and (via onnxruntime.tools) torch: not at start-up
-    from temper.pipeline.onnx_io import Batch
+    from temper.artifacts.onnx_io import Batch
     from temper.pipeline.steps.base import StepContext
     from temper.validators.scoring import GateScorer
 

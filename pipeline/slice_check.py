@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from temper.pipeline import onnx_io
-from temper.pipeline.errors import RecipeError
+from temper.artifacts import onnx_io
+from temper.artifacts.errors import RecipeError
 from temper.pipeline.runner import Runner
 from temper.validators.fidelity import Shape, slice_problem
 

@@ -1,7 +1,6 @@
 """The per-step options models: what a recipe may write under each step, one pydantic model per step.
 
-A core contract, like pipeline.recipe (which assembles them into `StepSpec`): it imports only
-pipeline.errors and pipeline.presets, so the validators, the loader and the steps can all read it.
+pipeline.recipe assembles them into `StepSpec`; the loader, the search and the steps read them.
 Each step's class (pipeline/steps/) names its model as `Step.options_model`.
 """
 
@@ -9,16 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PositiveInt, ValidationInfo, field_validator, model_validator
 
+from temper.artifacts.strict import Strict
 from temper.pipeline import presets
-
-
-class Strict(BaseModel):
-    """Unknown keys are errors, and so are values of the wrong type: YAML's `batch_size: true` or
-    `per_channel: "no"` must not quietly become 1 or True."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
 
 
 class SimplifyOptions(Strict):

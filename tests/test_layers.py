@@ -1,12 +1,15 @@
 """The layers docs/architecture.md names, checked on the source so a change that crosses
-one fails here, not in a review:
+one fails here, not in a review. The top-level folders are the layers, bottom first:
 
-    artifacts/                 bottom: ships inside every MLflow model, imports nothing of temper
-    pipeline's core contracts  recipe models, errors, ONNX helpers, user-code calls, presets
-    calibration/, validators/  import only the two layers above (validators may use calibration)
-    pipeline/ (the rest)       steps, search, runner, flow, outputs, publishing, the CLI
+    artifacts/    ships inside every MLflow model, and holds what every layer shares: errors,
+                  ONNX file helpers, the user-code boundary, the recipe's base model
+    calibration/  data sources (and their recipe models)
+    validators/   gates, evaluation, reports (and the recipe's validate: models)
+    pipeline/     recipe, steps, search, runner, flow, outputs, publishing, the CLI
 
-plus: no import cycle between modules, and no module over MAX_LINES outside benchmarks/.
+A folder imports only itself and the folders below it, so no two folders import each other.
+Inside pipeline/, the recipe contracts (recipe, step_options, presets) import nothing else of
+pipeline/. Plus: no import cycle between modules, and no module over MAX_LINES outside benchmarks/.
 Imports inside functions count (a cycle hidden in a function is still a cycle); those under
 `if TYPE_CHECKING:` do not, since they never run.
 """
@@ -20,7 +23,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("artifacts", "pipeline", "calibration", "validators")
-CORE = {f"temper.pipeline.{name}" for name in ("errors", "recipe", "step_options", "presets", "onnx_io", "callables")}
+LAYERS = ("artifacts", "calibration", "validators", "pipeline")  # bottom first
+CONTRACTS = {f"temper.pipeline.{name}" for name in ("recipe", "step_options", "presets")}
 MAX_LINES = 400
 
 
@@ -85,24 +89,23 @@ def _offenders(importers: set[str], allowed) -> dict[str, list[str]]:
     return {m: names for m, names in found.items() if names}
 
 
-def test_artifacts_import_nothing_outside_themselves():
-    artifacts = {m for m in MODULES if _top(m) == "artifacts"}
-    assert _offenders(artifacts, lambda t: _top(t) == "artifacts") == {}
+def test_each_folder_imports_only_itself_and_the_folders_below():
+    rank = {top: i for i, top in enumerate(LAYERS)}
+    assert set(PACKAGES) == set(LAYERS)
+    found = {m: sorted(t for t in GRAPH[m] if rank[_top(t)] > rank[_top(m)]) for m in sorted(MODULES)}
+    assert {m: names for m, names in found.items() if names} == {}
 
 
-def test_core_contracts_import_only_each_other_and_artifacts():
-    assert CORE <= set(MODULES)
-    assert _offenders(CORE, lambda t: t in CORE or _top(t) == "artifacts") == {}
+def test_no_two_folders_import_each_other():
+    """The folder graph, as a reader of the tree sees it: every edge points down, none both ways."""
+    edges = {(_top(m), _top(t)) for m in MODULES for t in GRAPH[m] if _top(m) != _top(t)}
+    assert {(a, b) for a, b in edges if (b, a) in edges} == set()
 
 
-def test_calibration_and_validators_import_only_the_layers_below():
-    def below(target: str) -> bool:
-        return target in CORE or _top(target) in ("artifacts", "calibration")
-
-    calibration = {m for m in MODULES if _top(m) == "calibration"}
-    validators = {m for m in MODULES if _top(m) == "validators"}
-    assert _offenders(calibration, lambda t: below(t) and _top(t) != "validators") == {}
-    assert _offenders(validators, lambda t: below(t) or _top(t) == "validators") == {}
+def test_recipe_contracts_import_nothing_else_of_pipeline():
+    """recipe, step_options and presets are read by the loader, the steps and the CLI alike."""
+    assert CONTRACTS <= set(MODULES)
+    assert _offenders(CONTRACTS, lambda t: t in CONTRACTS or _top(t) != "pipeline") == {}
 
 
 def test_no_import_cycles():

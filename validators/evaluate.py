@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 
 from temper.artifacts.host import usable_cores
+from temper.artifacts.onnx_io import dims, fit_batch, load_structure
 from temper.artifacts.session import CPU, SessionSettings, open_session
-from temper.pipeline.onnx_io import dims, fit_batch, load_structure
 
 
 def predict(path: Path, features: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from temper.pipeline.recipe import FidelityGate, FidelitySlice, ValidateSpec
 from temper.validators.gates import Gate, at_least, at_most
 from temper.validators.report_model import Comparison, OutputSlice
+from temper.validators.spec import FidelityGate, FidelitySlice, ValidateSpec
 
 Shape = list[int | str | None]  # an output's dims: fixed, symbolic, or unknown
 

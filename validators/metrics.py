@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from temper.pipeline.callables import call_user, load_callable
-from temper.pipeline.errors import RecipeError
-from temper.pipeline.recipe import AccuracyGate, percent
+from temper.artifacts.callables import call_user, load_callable
+from temper.artifacts.errors import RecipeError
+from temper.validators.spec import AccuracyGate, percent
 
 KEY = "validate.accuracy.metric"
 EMBEDDING_ADVICE = "for embeddings use metric: cosine or probe"

@@ -21,7 +21,7 @@ from pydantic.json_schema import GenerateJsonSchema
 
 from temper.artifacts.host import HostProfile
 from temper.artifacts.session import SessionSettings
-from temper.pipeline.recipe import Provider
+from temper.validators.spec import Provider
 
 SCHEMA_VERSION = 3
 FILE = "report.json"

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
+from temper.artifacts.errors import RecipeError
 from temper.calibration.sources import Dataset
-from temper.pipeline.errors import RecipeError
-from temper.pipeline.recipe import ValidateSpec
 from temper.validators import metrics
 from temper.validators.evaluate import predict
 from temper.validators.fidelity import compare_outputs, fidelity_gates
+from temper.validators.spec import ValidateSpec
 from temper.validators.throughput import measure
 
 TRIAL_SPEED_S = 0.5  # a trial's speed is for its report line; the gates measure properly later

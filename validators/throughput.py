@@ -20,13 +20,13 @@ import onnxruntime as ort
 import psutil
 
 from temper.artifacts.engines import choose_threads
+from temper.artifacts.errors import EnvironmentProblem, OptionError
 from temper.artifacts.host import usable_cores
+from temper.artifacts.onnx_io import dims, load_structure
 from temper.artifacts.session import SessionSettings, open_session, settings_of
-from temper.pipeline.errors import EnvironmentProblem, OptionError
-from temper.pipeline.onnx_io import dims, load_structure
-from temper.pipeline.recipe import Provider
+from temper.validators.spec import Provider
 
-# ONNX Runtime's name for each provider a recipe may name (pipeline.recipe.Provider)
+# ONNX Runtime's name for each provider a recipe may name (validators.spec.Provider)
 PROVIDERS: dict[Provider, str] = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
                                   "tensorrt": "TensorrtExecutionProvider"}
 _INSTALL = {

@@ -13,16 +13,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from temper.artifacts import onnx_io
+from temper.artifacts.errors import RecipeError
 from temper.artifacts.host import HostProfile, Load, LoadMeter, profile
 from temper.calibration.sources import Dataset
-from temper.pipeline import onnx_io
-from temper.pipeline.errors import RecipeError
-from temper.pipeline.recipe import ThroughputSpec, ValidateSpec
 from temper.validators import report_model, scoring
 from temper.validators.census import Census, of_file
 from temper.validators.evaluate import predict
 from temper.validators.fidelity import compare_outputs, fidelity_gates
 from temper.validators.gates import Gate, Verdict, at_most, select
+from temper.validators.spec import ThroughputSpec, ValidateSpec
 from temper.validators.speedup import Speedup, estimate
 from temper.validators.throughput import Measurement, batch_of, measure, session_for, tuned_session
 from temper.validators.truth import truth_gates

@@ -18,9 +18,9 @@ import typer
 from rich.text import Text
 from typer._click.exceptions import NoArgsIsHelpError  # typer bundles click: `click`'s own classes never match
 
+from temper.artifacts.errors import TemperError
 from temper.pipeline.cli import build, deploy, measure  # noqa: F401  (each registers its commands on `app`)
 from temper.pipeline.cli.common import Session, app, err, shown
-from temper.pipeline.errors import TemperError
 
 __all__ = ["app", "main"]
 

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
+from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line
 from temper.pipeline.cli.common import TrackingOpt, app, err, out
-from temper.pipeline.errors import EnvironmentProblem, RecipeError, first_line
 
 if TYPE_CHECKING:
     from temper.artifacts.bundle import ServingConfig

@@ -9,9 +9,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from temper.artifacts.errors import TemperError
 from temper.artifacts.host import profile
 from temper.pipeline.cli.common import app, err, out
-from temper.pipeline.errors import TemperError
 
 
 @app.command()
@@ -33,8 +33,8 @@ def bench(
     """
     import onnx
 
-    from temper.pipeline.errors import OptionError, RecipeError, first_line
-    from temper.pipeline.onnx_io import load_structure
+    from temper.artifacts.errors import OptionError, RecipeError, first_line
+    from temper.artifacts.onnx_io import load_structure
     from temper.validators.throughput import PROVIDERS, batch_of, fits_in_memory, measure, random_inputs, tuned_session
 
     file = str(model)

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from temper.pipeline.errors import OptionError, StepFailed, close_names
-from temper.pipeline.onnx_io import Batch
+from temper.artifacts.errors import OptionError, StepFailed, close_names
+from temper.artifacts.onnx_io import Batch
 from temper.pipeline.recipe import InputSpec
 
 if TYPE_CHECKING:

@@ -12,9 +12,9 @@ import numpy as np
 import onnx
 import torch
 
-from temper.pipeline import onnx_io
-from temper.pipeline.errors import OptionError, StepFailed, first_line
-from temper.pipeline.onnx_io import Batch
+from temper.artifacts import onnx_io
+from temper.artifacts.errors import OptionError, StepFailed, first_line
+from temper.artifacts.onnx_io import Batch
 from temper.pipeline.recipe import ModelSpec
 from temper.validators.fidelity import compare
 

@@ -11,8 +11,8 @@ import contextlib
 import io
 from pathlib import Path
 
-from temper.pipeline.errors import StepFailed, first_line
-from temper.pipeline.onnx_io import dims, fit_batch, load_structure, save, session
+from temper.artifacts.errors import StepFailed, first_line
+from temper.artifacts.onnx_io import dims, fit_batch, load_structure, save, session
 from temper.pipeline.step_options import SimplifyOptions
 from temper.pipeline.steps.base import Step, StepContext
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from temper.artifacts.errors import RecipeError
 from temper.calibration.sources import Dataset, load
-from temper.pipeline.errors import RecipeError
-from temper.pipeline.recipe import DataSource
+from temper.calibration.spec import DataSource
 
 ROWS = np.arange(40, dtype=np.float32).reshape(10, 4)
 LABELS = np.arange(10) % 3

@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from temper.pipeline.errors import StepFailed
+from temper.artifacts.errors import StepFailed
 from temper.pipeline.recipe import ModelSpec
 from temper.pipeline.steps.export import dynamic_axes, export
 

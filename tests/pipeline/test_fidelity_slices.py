@@ -12,8 +12,8 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.pipeline.recipe import FidelityGate, ValidateSpec
 from temper.validators.fidelity import compare_outputs, fidelity_gates
+from temper.validators.spec import FidelityGate, ValidateSpec
 from tests.unit.reports import read_report
 
 SCORES = {"name": "scores", "output": "out", "axis": 1, "start": 4, "stop": 10, "cosine_min": 0.99}

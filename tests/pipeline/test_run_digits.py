@@ -111,9 +111,9 @@ def test_check_validates_without_building_candidates(temper, digits, tmp_path):
 
 def test_the_flow_runs_as_a_library_without_the_cli(digits, tmp_path):
     """pipeline.flow is what `temper run` calls: a notebook or another tool gets the same folder and exit code."""
+    from temper.artifacts.errors import RecipeError
     from temper.pipeline import flow
     from temper.pipeline.cache import StepCache, default_root
-    from temper.pipeline.errors import RecipeError
     from temper.pipeline.loading import load_recipe
 
     loaded = load_recipe(digits)

@@ -9,8 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.pipeline import onnx_io
-from temper.pipeline.errors import OptionError
+from temper.artifacts import onnx_io
+from temper.artifacts.errors import OptionError
 from temper.validators.evaluate import predict
 
 WEIGHTS = np.random.default_rng(0).standard_normal((3, 2)).astype(np.float32)

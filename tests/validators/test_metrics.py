@@ -10,9 +10,9 @@ import pytest
 from sklearn.datasets import load_digits
 from sklearn.metrics import f1_score, top_k_accuracy_score
 
-from temper.pipeline.errors import RecipeError
-from temper.pipeline.recipe import AccuracyGate
+from temper.artifacts.errors import RecipeError
 from temper.validators.metrics import Metric, MetricData, allowed_drop, drop, resolve
+from temper.validators.spec import AccuracyGate
 
 SCORES = np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7], [0.6, 0.4]])
 LABELS = np.array([1, 0, 0, 0])  # argmax 1, 0, 1, 0: three of four right

@@ -13,8 +13,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.pipeline.errors import EnvironmentProblem
-from temper.pipeline.onnx_io import load_structure
+from temper.artifacts.errors import EnvironmentProblem
+from temper.artifacts.onnx_io import load_structure
 from temper.validators.throughput import batch_of, measure, session_for
 
 WIDTH = 64

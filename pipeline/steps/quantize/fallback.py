@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from temper.artifacts.onnx_io import Batch
 from temper.pipeline.cache import TUNING_FILE
-from temper.pipeline.onnx_io import Batch
 from temper.pipeline.step_options import FallbackOptions, QuantizeOptions
 from temper.pipeline.steps.base import Scorer
 from temper.pipeline.steps.quantize import census_check, quantize_static, sensitivity

@@ -15,9 +15,9 @@ from typing import ClassVar
 import numpy as np
 import onnx
 
-from temper.pipeline import onnx_io
-from temper.pipeline.errors import OptionError, StepFailed, TemperError, first_line
-from temper.pipeline.onnx_io import Batch
+from temper.artifacts import onnx_io
+from temper.artifacts.errors import OptionError, StepFailed, TemperError, first_line
+from temper.artifacts.onnx_io import Batch
 from temper.pipeline.step_options import QuantizeOptions
 from temper.pipeline.steps.base import Step, StepContext, require_known
 from temper.pipeline.steps.quantize import census_check, fallback, quantize_dynamic, quantize_modelopt, quantize_static

@@ -14,9 +14,9 @@ from types import ModuleType
 import numpy as np
 import onnx
 
-from temper.pipeline import onnx_io
-from temper.pipeline.errors import EnvironmentProblem, OptionError
-from temper.pipeline.onnx_io import Batch
+from temper.artifacts import onnx_io
+from temper.artifacts.errors import EnvironmentProblem, OptionError
+from temper.artifacts.onnx_io import Batch
 from temper.pipeline.step_options import QuantizeOptions
 
 METHODS = {"minmax": "max", "entropy": "entropy"}

@@ -28,9 +28,9 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from temper.pipeline import onnx_io
-from temper.pipeline.errors import OptionError, StepFailed, first_line
-from temper.pipeline.onnx_io import Batch
+from temper.artifacts import onnx_io
+from temper.artifacts.errors import OptionError, StepFailed, first_line
+from temper.artifacts.onnx_io import Batch
 from temper.pipeline.step_options import QuantizeOptions
 
 METHODS = {

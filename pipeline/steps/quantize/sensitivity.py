@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnxruntime.quantization import qdq_loss_debug as debug
 
-from temper.pipeline.onnx_io import Batch
+from temper.artifacts.onnx_io import Batch
 from temper.pipeline.step_options import QuantizeOptions
 from temper.pipeline.steps.quantize import quantize_static
 from temper.pipeline.steps.quantize.tensor_probe import Probe, named_dims, saved_tensors

@@ -20,7 +20,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnxruntime.quantization.calibrate import CalibraterBase
 
-from temper.pipeline.onnx_io import Batch
+from temper.artifacts.onnx_io import Batch
 
 _SAVED = "_TemperProbeOutput"
 _FLAT = "TemperProbeFlatShape"

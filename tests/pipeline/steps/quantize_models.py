@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.pipeline import onnx_io
-from temper.pipeline.onnx_io import Batch
+from temper.artifacts import onnx_io
+from temper.artifacts.onnx_io import Batch
 from temper.pipeline.recipe import InputSpec
 from temper.pipeline.step_options import QuantizeOptions
 from temper.pipeline.steps.base import StepContext

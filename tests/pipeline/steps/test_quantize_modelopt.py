@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from temper.pipeline.errors import EnvironmentProblem
+from temper.artifacts.errors import EnvironmentProblem
 from temper.pipeline.steps.quantize import quantize_modelopt
 from tests.pipeline.steps.quantize_models import (
     activation_scales,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from temper.pipeline.errors import RecipeError, first_line
+from temper.artifacts.errors import RecipeError, first_line
 
 
 def split_ref(ref: str, base: Path) -> tuple[Path, str]:

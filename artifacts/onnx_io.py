@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 from google.protobuf.message import EncodeError
 
-from temper.pipeline.errors import OptionError
+from temper.artifacts.errors import OptionError
 
 Batch = dict[str, np.ndarray]
 

@@ -1,0 +1,177 @@
+"""The recipe's `validate:` section (accuracy, fidelity and throughput gates): owned here, where the
+gates are measured, so validators/ needs nothing of pipeline/; pipeline/recipe.py composes it."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, PositiveInt, StringConstraints, model_validator
+
+from temper.artifacts.strict import Identifier, Strict
+
+BUILTIN_METRICS = ("top1", "topk", "f1", "cosine", "mse", "probe")
+Provider = Literal["cpu", "cuda", "tensorrt"]  # the one list: recipes, report.json and `temper bench` take these
+
+
+def _metric(value: Any) -> str:
+    if not isinstance(value, str) or not (value in BUILTIN_METRICS or re.fullmatch(r".+\.py:[A-Za-z_]\w*", value)):
+        raise ValueError(f"{value!r} is not a metric: use one of {', '.join(BUILTIN_METRICS)}, or file.py:function")
+    return value
+
+
+_PERCENT = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*%\s*")
+
+
+def percent(budget: str) -> float | None:
+    """The number in a relative budget like '1%' (1.0), or None when `budget` is not one."""
+    match = _PERCENT.fullmatch(budget)
+    return float(match.group(1)) if match else None
+
+
+def _budget(value: Any) -> float | str:
+    """An absolute drop (0.01) or a relative one ("1%"), never negative: it is how much worse a candidate may be."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{value!r} is not a budget: use a number like 0.01 (absolute) "
+                         "or a string like '1%' (relative)")
+    number = percent(value) if isinstance(value, str) else float(value)
+    if number is None:
+        raise ValueError(f"{value!r} is not a budget: a relative budget is a percentage like '1%'")
+    if not math.isfinite(number):  # NaN fails every comparison (and is not JSON): every candidate would fail
+        raise ValueError(f"{value!r} is not a budget: use a finite number like 0.01 (absolute) "
+                         "or a string like '1%' (relative)")
+    if number < 0:
+        raise ValueError(f"{value!r} is negative: max_drop is how much worse than the baseline "
+                         "a candidate may be (>= 0)")
+    return value if isinstance(value, str) else float(value)
+
+
+class AccuracyGate(Strict):
+    """The candidate's metric on the evaluation set may fall at most `max_drop` below the baseline's."""
+
+    metric: Annotated[str, BeforeValidator(_metric)] = Field(
+        "top1", description="top1, topk (with k), f1 (macro), cosine / mse (to the baseline's outputs), "
+        "probe (logistic regression on baseline outputs of the calibration set), or file.py:function")
+    k: PositiveInt = Field(5, description="for metric: topk")
+    output: str | None = Field(None, description="which model output the metric reads (default: the first)")
+    max_drop: Annotated[float | str, BeforeValidator(_budget)]
+    higher_is_better: bool | None = Field(None, description="required for a file.py:function metric")
+
+    @model_validator(mode="after")
+    def _direction(self) -> AccuracyGate:
+        custom = self.metric not in BUILTIN_METRICS
+        if custom and self.higher_is_better is None:
+            raise ValueError("a file.py:function metric needs higher_is_better: true or false")
+        if not custom and self.higher_is_better is not None:
+            raise ValueError(f"higher_is_better is fixed for the built-in metric {self.metric}; remove it")
+        if "k" in self.model_fields_set and self.metric != "topk":
+            raise ValueError("k applies to metric: topk only")
+        if isinstance(self.max_drop, str) and self.metric in ("mse", "cosine"):
+            raise ValueError(f"a relative max_drop makes no sense for {self.metric}: the baseline scores "
+                             f"{'0' if self.metric == 'mse' else '1'} against itself; give an absolute number")
+        span = {"top1": 1.0, "topk": 1.0, "f1": 1.0, "probe": 1.0, "cosine": 2.0}.get(self.metric)
+        relative = isinstance(self.max_drop, str)
+        drop = float(self.max_drop.strip().rstrip("%")) if isinstance(self.max_drop, str) else self.max_drop
+        if span is not None and (drop >= 100 if relative else drop >= span):
+            raise ValueError(f"max_drop {self.max_drop!r} can never be exceeded "
+                             f"({self.metric} spans at most {span:g}), "
+                             "so this gate could never fail: give the drop you would accept, e.g. 0.01 or '1%'")
+        return self
+
+
+SliceName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")]
+
+
+class FidelitySlice(Strict):
+    """Part of one output gated on its own: `start:stop` along `axis`. A mixed-scale output (a detector's
+    [batch, 4 + classes, anchors]: box pixels beside class scores) hides broken scores in a whole-output
+    cosine, because the large part dominates the norm."""
+
+    output: Identifier
+    axis: int = Field(ge=0, description="the axis to cut (0 is the batch axis)")
+    start: int = Field(0, ge=0)
+    stop: int | None = Field(None, ge=1, description="exclusive (default: the end of the axis)")
+    name: SliceName | None = Field(None, description="its name in gates and reports (default: output.axisA.start-stop)")
+    cosine_min: float | None = Field(None, ge=-1, le=1)
+    atol: float | None = Field(None, ge=0, description="largest allowed absolute error in the slice")
+    rel_l2_max: float | None = Field(None, ge=0, description="largest allowed ||candidate - baseline|| / ||baseline||")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> FidelitySlice:
+        if self.stop is not None and self.stop <= self.start:
+            raise ValueError(f"stop {self.stop} is not past start {self.start}: the slice would be empty")
+        if self.cosine_min is None and self.atol is None and self.rel_l2_max is None:
+            raise ValueError("a slice needs a bound to gate on: cosine_min, atol and/or rel_l2_max")
+        return self
+
+    @property
+    def label(self) -> str:
+        stop = "end" if self.stop is None else self.stop
+        return self.name or f"{self.output}.axis{self.axis}.{self.start}-{stop}"
+
+
+class FidelityGate(Strict):
+    """Per-output agreement with the baseline on the evaluation set; any NaN/Inf always fails. `slices`
+    gate parts of an output on their own bounds, beside (not instead of) the whole-output ones."""
+
+    cosine_min: float | None = Field(None, ge=-1, le=1)
+    atol: float | None = Field(None, ge=0, description="largest allowed absolute error per output")
+    rel_l2_max: float | None = Field(
+        None, ge=0, description="largest allowed relative error ||candidate - baseline|| / ||baseline|| per output")
+    slices: list[FidelitySlice] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> FidelityGate:
+        labels = [s.label for s in self.slices]
+        twice = next((label for i, label in enumerate(labels) if label in labels[:i]), None)
+        if twice is not None:
+            raise ValueError(f"two slices are named '{twice}': give each slice its own name")
+        return self
+
+
+class ThroughputSpec(Strict):
+    """Batched throughput of the baseline and every candidate; `min_speedup` gates each batch size."""
+
+    batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
+    providers: list[Provider] = Field(default_factory=lambda: list[Provider](["cpu"]), min_length=1)
+    duration_s: float = Field(
+        3.0, gt=0, allow_inf_nan=False, description="timed seconds per model, batch size and provider")
+    warmup_s: float = Field(0.5, ge=0, allow_inf_nan=False)
+    min_speedup: float | None = Field(None, gt=0, description="candidate samples/s over baseline samples/s")
+    speedup_at: list[PositiveInt] | None = Field(
+        None, description="batch sizes the min_speedup gate applies to (default: every measured one)")
+    confidence: float = Field(0.95, gt=0, lt=1, allow_inf_nan=False,
+                              description="confidence level of the speedup interval a speed gate decides on")
+    max_duration_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="timed seconds per model, batch size and provider at most, while a speed gate's interval still "
+                    "straddles min_speedup (default: 3 x duration_s)")
+    inconclusive: Literal["fail", "pass"] = Field(
+        "fail", description="what a speed gate still undecided at max_duration_s counts as")
+
+    @model_validator(mode="after")
+    def _gated_sizes(self) -> ThroughputSpec:
+        stray = [b for b in self.speedup_at or () if b not in self.batch_sizes]
+        if stray:
+            raise ValueError(f"speedup_at {stray[0]} is not one of the measured batch_sizes {self.batch_sizes}")
+        if self.speedup_at is not None and self.min_speedup is None:
+            raise ValueError("speedup_at needs min_speedup")
+        if self.max_duration_s is not None and self.max_duration_s < self.duration_s:
+            raise ValueError(f"max_duration_s {self.max_duration_s:g} is less than duration_s {self.duration_s:g}: "
+                             "it is the most a model is timed, the first duration_s included")
+        return self
+
+    @property
+    def budget_s(self) -> float:
+        return self.max_duration_s if self.max_duration_s is not None else 3 * self.duration_s
+
+    @property
+    def gated_sizes(self) -> list[int]:
+        return (self.speedup_at or self.batch_sizes) if self.min_speedup is not None else []
+
+
+class ValidateSpec(Strict):
+    accuracy: AccuracyGate | None = None
+    fidelity: FidelityGate | None = None
+    throughput: ThroughputSpec | None = None

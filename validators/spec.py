@@ -138,20 +138,31 @@ class ThroughputSpec(Strict):
     duration_s: float = Field(
         3.0, gt=0, allow_inf_nan=False, description="timed seconds per model, batch size and provider")
     warmup_s: float = Field(0.5, ge=0, allow_inf_nan=False)
-    min_speedup: float | None = Field(None, gt=0, description="candidate samples/s over baseline samples/s")
+    min_speedup: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                      description="candidate samples/s over baseline samples/s")
     speedup_at: list[PositiveInt] | None = Field(
         None, description="batch sizes the min_speedup gate applies to (default: every measured one)")
-    confidence: float = Field(0.95, gt=0, lt=1, allow_inf_nan=False,
-                              description="confidence level of the speedup interval a speed gate decides on")
+    confidence: float = Field(
+        0.95, gt=0, lt=1, allow_inf_nan=False,
+        description="confidence level of the speedup interval the speed gate and selection decide on")
     max_duration_s: float | None = Field(
         None, gt=0, allow_inf_nan=False,
-        description="timed seconds per model, batch size and provider at most, while a speed gate's interval still "
-                    "straddles min_speedup (default: 3 x duration_s)")
+        description="timed seconds per model, batch size and provider at most, while a speedup interval still "
+                    "straddles min_speedup, or 1.0 at the ranking batch size (default: 3 x duration_s)")
     inconclusive: Literal["fail", "pass"] = Field(
         "fail", description="what a speed gate still undecided at max_duration_s counts as")
 
     @model_validator(mode="after")
     def _gated_sizes(self) -> ThroughputSpec:
+        for key, values in (("batch_sizes", self.batch_sizes), ("providers", self.providers)):
+            twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+            if twice is not None:
+                raise ValueError(f"{key} lists {twice!r} twice: each is measured once; remove the repeat")
+        if self.speedup_at is not None and not self.speedup_at:
+            raise ValueError("speedup_at: [] gates no batch size: omit speedup_at to gate every measured batch size")
+        if "inconclusive" in self.model_fields_set and self.min_speedup is None:
+            raise ValueError("inconclusive decides an undecided min_speedup gate, and there is none: "
+                             "add min_speedup or remove inconclusive")
         stray = [b for b in self.speedup_at or () if b not in self.batch_sizes]
         if stray:
             raise ValueError(f"speedup_at {stray[0]} is not one of the measured batch_sizes {self.batch_sizes}")

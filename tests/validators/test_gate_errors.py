@@ -256,3 +256,30 @@ def test_time_budget_below_the_first_rounds(temper, tmp_path):
 def test_unknown_inconclusive_policy(temper, tmp_path):
     data = _recipe(tmp_path, {"throughput": _fast(min_speedup=0.5, inconclusive="retry")})
     _run_is_bad_input(temper, tmp_path, data, "validate.throughput.inconclusive", "'retry'", "fail", "pass")
+
+
+# Speed-gate options that would be accepted and do nothing.
+
+
+def test_infinite_min_speedup(temper, tmp_path):
+    """.inf can never be met: every candidate would fail its speed gate whatever it measured."""
+    data = _recipe(tmp_path, {"throughput": _fast(min_speedup=float("inf"))})
+    _run_is_bad_input(temper, tmp_path, data, "validate.throughput.min_speedup", "finite")
+
+
+def test_empty_speedup_at(temper, tmp_path):
+    data = _recipe(tmp_path, {"throughput": _fast(min_speedup=0.5, speedup_at=[])})
+    _run_is_bad_input(temper, tmp_path, data, "validate.throughput", "speedup_at: [] gates no batch size",
+                      "omit speedup_at")
+
+
+@pytest.mark.parametrize(("key", "values", "twice"),
+                         [("batch_sizes", [8, 8], "8"), ("providers", ["cpu", "cpu"], "'cpu'")])
+def test_a_batch_size_or_provider_listed_twice(temper, tmp_path, key, values, twice):
+    data = _recipe(tmp_path, {"throughput": _fast(**{key: values})})
+    _run_is_bad_input(temper, tmp_path, data, "validate.throughput", f"{key} lists {twice} twice")
+
+
+def test_inconclusive_without_a_speed_gate(temper, tmp_path):
+    data = _recipe(tmp_path, {"throughput": _fast(inconclusive="pass")})
+    _run_is_bad_input(temper, tmp_path, data, "validate.throughput", "add min_speedup or remove inconclusive")

@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from temper.artifacts.session import CPU, CUDA, TENSORRT, SessionSettings, engine_cache, open_session
-
-__all__ = ["CPU", "CUDA", "TENSORRT", "choose_threads", "engine_cache", "load", "median_runs_s", "open_session"]
+from temper.artifacts.providers import BEST_FIRST, CPU, PROVIDERS, Provider, named
+from temper.artifacts.session import SessionSettings, open_session
 
 log = logging.getLogger("temper.serving")
 
@@ -27,7 +26,7 @@ MIN_TIMING_RUNS = 3
 
 
 def load(model: Path, providers: list[str] | None, settings: SessionSettings,
-         name: str) -> tuple[ort.InferenceSession, str]:
+         name: str) -> tuple[ort.InferenceSession, Provider]:
     """One session on the best engine this host really runs, and that engine's name (tensorrt,
     cuda or cpu). `providers` None: TensorRT, else CUDA, else CPU, whichever are available.
 
@@ -38,10 +37,10 @@ def load(model: Path, providers: list[str] | None, settings: SessionSettings,
     """
     available = ort.get_available_providers()
     if providers is None:
-        providers = [p for p in (TENSORRT, CUDA) if p in available] + [CPU]
+        providers = [PROVIDERS[p].ort for p in BEST_FIRST if p != "cpu" and PROVIDERS[p].ort in available] + [CPU]
     session = open_session(model, settings, providers)
     used = session.get_providers()
-    engine = {TENSORRT: "tensorrt", CUDA: "cuda"}.get(used[0] if used else CPU, "cpu")
+    engine = named(used[0] if used else CPU)
     if providers[0] != CPU and used[0] != providers[0]:
         log.warning("%s: %s requested but the session runs on %s", name, providers[0], used)
     log.info("%s: engine=%s providers=%s intra_op_threads=%d spinning=%s", name, engine, used,

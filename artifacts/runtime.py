@@ -31,6 +31,7 @@ from temper.artifacts.bundle import MODEL, ServingConfig, read
 from temper.artifacts.counters import Counters
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.host import HostProfile, profile, usable_cores
+from temper.artifacts.providers import CPU
 from temper.artifacts.session import SessionSettings
 
 __all__ = ["INLINE_MAX_MS", "Overloaded", "RequestError", "RequestTimeout", "Runtime", "Stopped"]
@@ -85,7 +86,7 @@ class Runtime:
         inputs = self._warmup_inputs(self._fixed_batch or 1)
         if self.engine == "cpu" and self._choose:
             self._session, self.settings, times = engines.choose_threads(
-                self.bundle / MODEL, self._session, self.settings, inputs, [engines.CPU])
+                self.bundle / MODEL, self._session, self.settings, inputs, [CPU])
             self.batch1_ms = min(times) * 1000
         else:
             times = engines.median_runs_s([self._session], inputs)

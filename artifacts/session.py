@@ -21,9 +21,8 @@ import onnxruntime as ort
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-TENSORRT = "TensorrtExecutionProvider"
-CUDA = "CUDAExecutionProvider"
-CPU = "CPUExecutionProvider"
+from temper.artifacts.providers import TENSORRT
+
 SPINNING = "session.intra_op.allow_spinning"  # ONNX Runtime's session config key
 GraphLevel = Literal["disable", "basic", "extended", "all"]
 LEVELS: dict[str, ort.GraphOptimizationLevel] = {

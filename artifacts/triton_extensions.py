@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from temper.artifacts.protocol import VERSION
+from temper.artifacts.providers import PROVIDERS
 from temper.artifacts.runtime import Runtime
 from temper.artifacts.triton import _model_config
 
@@ -20,7 +21,7 @@ PLATFORM = "onnxruntime_onnx"  # Triton's name for what runs the model
 def model_config(runtime: Runtime) -> dict[str, Any]:
     """Triton's model configuration (the JSON form of its ModelConfig), as `temper export-triton`
     writes it for this bundle, with the instance this server really runs."""
-    kind = "KIND_GPU" if runtime.engine in ("cuda", "tensorrt") else "KIND_CPU"
+    kind = "KIND_GPU" if PROVIDERS[runtime.engine].gpu else "KIND_CPU"
     config = _model_config(runtime.config, PLATFORM, 1, kind)
     del config["model_warmup"]  # a repository setting; this server has warmed up already
     return {**config, "backend": "onnxruntime"}

@@ -9,7 +9,8 @@ import onnx
 
 from temper.artifacts.host import usable_cores
 from temper.artifacts.onnx_io import dims, fit_batch, load_structure
-from temper.artifacts.session import CPU, SessionSettings, open_session
+from temper.artifacts.providers import CPU
+from temper.artifacts.session import SessionSettings, open_session
 
 
 def predict(path: Path, features: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import GenerateJsonSchema
 
 from temper.artifacts.host import HostProfile
+from temper.artifacts.providers import Provider
 from temper.artifacts.session import SessionSettings
-from temper.validators.spec import Provider
 
 SCHEMA_VERSION = 3
 FILE = "report.json"

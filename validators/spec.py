@@ -9,10 +9,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, PositiveInt, StringConstraints, model_validator
 
+from temper.artifacts.providers import Provider
 from temper.artifacts.strict import Identifier, Strict
 
 BUILTIN_METRICS = ("top1", "topk", "f1", "cosine", "mse", "probe")
-Provider = Literal["cpu", "cuda", "tensorrt"]  # the one list: recipes, report.json and `temper bench` take these
 
 
 def _metric(value: Any) -> str:

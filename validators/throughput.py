@@ -23,16 +23,9 @@ from temper.artifacts.engines import choose_threads
 from temper.artifacts.errors import EnvironmentProblem, OptionError
 from temper.artifacts.host import usable_cores
 from temper.artifacts.onnx_io import dims, load_structure
+from temper.artifacts.providers import CPU, PROVIDERS, Provider
 from temper.artifacts.session import SessionSettings, open_session, settings_of
-from temper.validators.spec import Provider
 
-# ONNX Runtime's name for each provider a recipe may name (validators.spec.Provider)
-PROVIDERS: dict[Provider, str] = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
-                                  "tensorrt": "TensorrtExecutionProvider"}
-_INSTALL = {
-    "cuda": "install onnxruntime-gpu on a machine with an NVIDIA GPU",
-    "tensorrt": "install onnxruntime-gpu and TensorRT on a machine with an NVIDIA GPU",
-}
 _PERCENTILES = (50, 90, 95, 99)
 
 
@@ -60,11 +53,11 @@ def require_available(provider: str) -> None:
     """Fail early (before any model is built) when this onnxruntime cannot offer `provider` at all."""
     if provider not in PROVIDERS:
         raise ValueError(f"unknown provider '{provider}'; choose from {', '.join(PROVIDERS)}")
-    wanted, available = PROVIDERS[provider], ort.get_available_providers()
-    if wanted not in available:
+    info, available = PROVIDERS[provider], ort.get_available_providers()
+    if info.ort not in available:
         raise EnvironmentProblem(
-            f"provider '{provider}' ({wanted}) requested but this onnxruntime has only {', '.join(available)}: "
-            f"{_INSTALL[provider]}"
+            f"provider '{provider}' ({info.ort}) requested but this onnxruntime has only {', '.join(available)}: "
+            f"{info.install}"
         )
 
 
@@ -78,9 +71,9 @@ def session_for(path: Path, provider: str, settings: SessionSettings | None = No
     """A session built from `settings` (default_settings()) whose graph runs on `provider`;
     onnxruntime-gpu falls back to CPU silently, so check."""
     require_available(provider)
-    wanted, available = PROVIDERS[cast(Provider, provider)], ort.get_available_providers()
-    # CUDA after TensorRT keeps the nodes TensorRT does not take on the GPU rather than the CPU.
-    chain = [wanted, PROVIDERS["cuda"]] if provider == "tensorrt" and PROVIDERS["cuda"] in available else [wanted]
+    info, available = PROVIDERS[cast(Provider, provider)], ort.get_available_providers()
+    wanted = info.ort
+    chain = [wanted, *(then for then in info.then if then in available)]
     session = open_session(path, settings or default_settings(), chain)
     if wanted not in session.get_providers():
         raise EnvironmentProblem(
@@ -102,7 +95,7 @@ def tuned_session(path: Path, provider: str, sample: dict[str, np.ndarray]) -> o
     structure = load_structure(path)
     fixed = next((s[0] for s in dims(structure).values() if s and isinstance(s[0], int) and s[0] > 0), None)
     kept, _, _ = choose_threads(path, session, default_settings(), batch_of(structure, sample, fixed or 1),
-                                [PROVIDERS["cpu"]])
+                                [CPU])
     return kept
 
 

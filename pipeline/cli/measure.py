@@ -11,6 +11,7 @@ from rich.table import Table
 
 from temper.artifacts.errors import TemperError
 from temper.artifacts.host import profile
+from temper.artifacts.providers import PROVIDERS
 from temper.pipeline.cli.common import app, err, out
 
 
@@ -18,7 +19,7 @@ from temper.pipeline.cli.common import app, err, out
 def bench(
     model: Annotated[Path, typer.Argument(help="ONNX model file", show_default=False)],
     batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="comma-separated, e.g. 1,8,32")] = "1,8,32",
-    provider: Annotated[str, typer.Option("--provider", help="cpu, cuda or tensorrt")] = "cpu",
+    provider: Annotated[str, typer.Option("--provider", help=" | ".join(PROVIDERS))] = "cpu",
     duration: Annotated[float, typer.Option("--duration", help="timed seconds per batch size")] = 3.0,
     warmup: Annotated[float, typer.Option("--warmup", help="warm-up seconds per batch size")] = 0.5,
     dim: Annotated[list[str] | None, typer.Option(
@@ -35,7 +36,7 @@ def bench(
 
     from temper.artifacts.errors import OptionError, RecipeError, first_line
     from temper.artifacts.onnx_io import load_structure
-    from temper.validators.throughput import PROVIDERS, batch_of, fits_in_memory, measure, random_inputs, tuned_session
+    from temper.validators.throughput import batch_of, fits_in_memory, measure, random_inputs, tuned_session
 
     file = str(model)
     try:

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from temper.artifacts.session import engine_cache
 from temper.artifacts.host import usable_cores
+from temper.artifacts.session import engine_cache
 from tests.artifacts.runtimes import WEIGHTS, linear_model, plain, pooling_model, runtime_for
 
 

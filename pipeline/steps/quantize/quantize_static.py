@@ -71,6 +71,10 @@ class Prepared:
         return onnx_io.load_structure(self.model)
 
 
+# The calibrator makes every tensor a graph output, so one call holds all of that call's activations
+# at once (MiniLM, 32 rows of 128 tokens: about 4 GiB). Min and max do not depend on how the rows are
+# split; the histogram methods merge calls anyway.
+CALIBRATION_ROWS_PER_CALL = 8
 PER_CHANNEL_OPSET = 13  # DequantizeLinear's `axis` (per-channel scales) arrived in opset 13
 
 
@@ -91,8 +95,11 @@ def prepare(src: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Pa
         extra_options={"num_bins": options.num_bins, "percentile": options.percentile,
                        "symmetric": options.symmetric_activations},
     )
-    for feed in feeds:  # one batch per call: histogram calibrators otherwise hold every activation in memory
-        calibrator.collect_data(_Reader([feed]))
+    batch_dims = [shape[0] if shape else None for shape in onnx_io.dims(onnx_io.load_structure(pre)).values()]
+    rows = None if any(isinstance(dim, int) for dim in batch_dims) else CALIBRATION_ROWS_PER_CALL  # fixed: whole
+    for feed in feeds:  # a few rows per call: every activation of a call is held at once
+        for part in _in_parts(feed, rows):
+            calibrator.collect_data(_Reader([part]))
     ranges = scratch / "ranges.json"
     save_tensors_data(calibrator.compute_data(), ranges)
     return Prepared(pre, ranges, large)
@@ -175,6 +182,16 @@ def follow_fusions(model: onnx.ModelProto, named: list[str], typed: list[str]) -
     for name in typed:
         keep += follow(name)
     return sorted(set(keep))
+
+
+def _in_parts(feed: Batch, rows: int | None) -> list[Batch]:
+    """`feed` cut into batches of at most `rows` rows along axis 0, when every input has that axis in
+    common; otherwise (a fixed batch dim, a rank-0 input, inputs of different lengths) whole."""
+    lengths = {value.shape[0] if value.ndim else None for value in feed.values()}
+    if rows is None or len(lengths) != 1 or None in lengths:
+        return [feed]
+    total = next(iter(lengths))
+    return [{name: value[start:start + rows] for name, value in feed.items()} for start in range(0, total, rows)]
 
 
 class _Reader(CalibrationDataReader):

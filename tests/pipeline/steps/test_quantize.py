@@ -240,6 +240,26 @@ def test_every_calibration_sample_counts_with_a_fixed_batch_dim(tmp_path: Path) 
     assert activation_scales(model)["x"] == pytest.approx(20 / 255)
 
 
+def test_calibration_in_parts_keeps_the_ranges_of_the_whole_batch(tmp_path: Path) -> None:
+    """Calibration runs a few rows per call to bound its memory (every tensor is an output): the
+    extremes sit in different parts of one 32-row batch, and the range still spans both."""
+    src = conv_net(tmp_path / "net.onnx")
+    calibration = {"x": np.zeros((32, 1, 10, 10), np.float32)}
+    calibration["x"][0, 0, 0, 0], calibration["x"][31, 0, 0, 0] = -6.0, 6.0
+    model = quantize(src, tmp_path, context(tmp_path, [calibration]), mode="static")
+
+    assert activation_scales(model)["x"] == pytest.approx(12 / 255)
+
+
+def test_a_fixed_batch_model_calibrates_on_whole_batches(tmp_path: Path) -> None:
+    src = conv_net(tmp_path / "net.onnx", batch=16)  # more rows than a calibration call takes
+    calibration = {"x": np.zeros((16, 1, 10, 10), np.float32)}
+    calibration["x"][15, 0, 0, 0] = 4.0
+    model = quantize(src, tmp_path, context(tmp_path, [calibration], images(1, rows=16)), mode="static")
+
+    assert activation_scales(model)["x"] == pytest.approx(4 / 255)
+
+
 def test_calibration_errors_propagate(tmp_path: Path) -> None:
     def no_data() -> list[Batch]:
         raise RecipeError("recipe.yaml", "data.calibration", "no calibration data")

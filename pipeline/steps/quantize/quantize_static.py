@@ -187,10 +187,10 @@ def follow_fusions(model: onnx.ModelProto, named: list[str], typed: list[str]) -
 def _in_parts(feed: Batch, rows: int | None) -> list[Batch]:
     """`feed` cut into batches of at most `rows` rows along axis 0, when every input has that axis in
     common; otherwise (a fixed batch dim, a rank-0 input, inputs of different lengths) whole."""
-    lengths = {value.shape[0] if value.ndim else None for value in feed.values()}
-    if rows is None or len(lengths) != 1 or None in lengths:
+    lengths = {value.shape[0] if value.ndim else -1 for value in feed.values()}
+    if rows is None or len(lengths) != 1 or -1 in lengths:
         return [feed]
-    total = next(iter(lengths))
+    total = int(next(iter(lengths)))
     return [{name: value[start:start + rows] for name, value in feed.items()} for start in range(0, total, rows)]
 
 

@@ -22,10 +22,17 @@ def _sqnr(reference: np.ndarray, test: np.ndarray) -> float:
 
 def _unreachable_budget(recipe: Path, **quantize: object) -> None:
     """One static int8 candidate aiming at mse with no drop allowed: only a model with no quantized
-    node would hold it, so every trial the fallback runs is recorded and none meets the budget."""
+    node would hold it, so every trial the fallback runs is recorded and none meets the budget.
+    These tests are about the node search, so the configuration rounds are off: whether percentile
+    calibration lowers the drop by the 1% that makes it a trial depends on the host's INT8 kernels
+    (it does with the VNNI preset on an AVX512-VNNI EPYC, not with the AVX2 one);
+    tests/pipeline/test_fallback_configurations.py tests them."""
     def change(d: dict) -> None:
         d["validate"]["accuracy"] = {"metric": "mse", "max_drop": 0.0}
-        d["candidates"] = {"int8-static": {"steps": [{"quantize": {"mode": "static", **quantize}}]}}
+        options = dict(quantize)
+        if isinstance(fallback := options.get("fallback"), dict):
+            options["fallback"] = {"configurations": False, **fallback}
+        d["candidates"] = {"int8-static": {"steps": [{"quantize": {"mode": "static", **options}}]}}
         del d["publish"]
 
     edit_recipe(recipe, change)

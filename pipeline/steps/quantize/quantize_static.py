@@ -72,8 +72,10 @@ class Prepared:
 
 
 # The calibrator makes every tensor a graph output, so one call holds all of that call's activations
-# at once (MiniLM, 32 rows of 128 tokens: about 4 GiB). Min and max do not depend on how the rows are
-# split; the histogram methods merge calls anyway.
+# at once (MiniLM, 32 rows of 128 tokens: about 4 GiB). MinMax calibrates a few rows per call: min and
+# max do not depend on how rows are split. The histogram methods (entropy, percentile) keep one call
+# per calibration batch, since their histograms do depend on it: data.calibration.batch_size bounds
+# their memory. A model with a fixed batch dim takes whole batches.
 CALIBRATION_ROWS_PER_CALL = 8
 PER_CHANNEL_OPSET = 13  # DequantizeLinear's `axis` (per-channel scales) arrived in opset 13
 
@@ -96,7 +98,8 @@ def prepare(src: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Pa
                        "symmetric": options.symmetric_activations},
     )
     batch_dims = [shape[0] if shape else None for shape in onnx_io.dims(onnx_io.load_structure(pre)).values()]
-    rows = None if any(isinstance(dim, int) for dim in batch_dims) else CALIBRATION_ROWS_PER_CALL  # fixed: whole
+    exact = options.calibration == "minmax" and not any(isinstance(dim, int) for dim in batch_dims)
+    rows = CALIBRATION_ROWS_PER_CALL if exact else None
     for feed in feeds:  # a few rows per call: every activation of a call is held at once
         for part in _in_parts(feed, rows):
             calibrator.collect_data(_Reader([part]))

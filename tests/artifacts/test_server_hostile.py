@@ -74,6 +74,12 @@ BAD = {
     "float32 overflow to Inf": (_with(0, data=[1e39] + [0.5] * 7), "NaN or infinite"),
     "nested 100k deep": (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "malformed JSON"),
     "id not a string": ({"id": {"a": 1}, "inputs": _good(_inputs(6))}, '"id" must be a string'),
+    "binary_data_output a string": ({"inputs": _good(_inputs(6)), "parameters": {"binary_data_output": "false"}},
+                                    "parameters.binary_data_output must be true or false (a JSON boolean), "
+                                    "got 'false'"),
+    "binary_data a number": ({"inputs": _good(_inputs(6)),
+                              "outputs": [{"name": "y", "parameters": {"binary_data": 0}}]},
+                             "outputs[0].parameters.binary_data must be true or false"),
 }
 
 

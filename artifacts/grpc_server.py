@@ -39,6 +39,7 @@ except (ImportError, RuntimeError) as exc:  # tritonclient reports a missing grp
         from exc
 
 from temper.artifacts.bundle import TensorSpec
+from temper.artifacts.counters import OTHER
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.protocol import DATATYPES, VERSION, WIRE
 from temper.artifacts.runtime import Runtime
@@ -96,7 +97,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             return self._infer(request, context.time_remaining())
         except Refused as exc:
-            self.runtime.metrics.record_failure()  # the Runtime counts only what reaches it
+            self.refused()
             code, message = exc.code, str(exc)
         except (RequestError, Overloaded, RequestTimeout, Stopped) as exc:  # already counted by the Runtime
             code, message = STATUS[type(exc)], str(exc)
@@ -104,6 +105,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             log.exception("inference failed")
             code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
         context.abort(code, message)
+
+    def refused(self) -> None:
+        """Count an inference request turned away before the Runtime, which counts what reaches it."""
+        self.runtime.metrics.record_failure(OTHER)
 
     def _model_or_abort(self, name: str, version: str, context: Context) -> None:
         if name != self.name:
@@ -199,13 +204,14 @@ class GrpcServer:
                  max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         in_flight = runtime.config.max_queue + runtime.max_rows
+        service = InferenceService(runtime)
         self.server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="temper-grpc"),
             maximum_concurrent_rpcs=in_flight,
             options=[("grpc.max_receive_message_length", max_message_bytes),
                      ("grpc.so_reuseport", 0)],  # a port in use fails here instead of being shared
         )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(runtime), self.server)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, self.server)
 
     def start(self) -> int:
         """Bind and serve in the background; the bound port (useful with port 0). OSError when it cannot bind."""

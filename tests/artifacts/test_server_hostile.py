@@ -157,7 +157,9 @@ def test_outputs_json_cannot_carry_fail_with_500_or_come_as_binary(tmp_path: Pat
         assert status == 200 and _strict_json(body)["outputs"][0]["data"] == pytest.approx([0.0, 1.0])
         metrics = _metrics(c)
         c.close()
-    assert _counter(metrics, "nv_inference_request_failure") == 1  # the 500: the runtime ran it, the server failed it
+    # the 500: the runtime ran it, the server could not write it
+    assert _counter(metrics, "nv_inference_request_failure", reason="OTHER") == 1
+    assert _counter(metrics, "nv_inference_request_failure", reason="BACKEND") == 0
 
 
 def test_gzip_and_deflate_bodies_are_inflated_within_the_limit(client: Client, reference: ort.InferenceSession) -> None:

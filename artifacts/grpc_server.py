@@ -11,8 +11,9 @@ reach the batcher together and share batches. The pool admits max_queue + max_ba
 what the Runtime can hold queued and running; gRPC refuses more with RESOURCE_EXHAUSTED.
 
 Status codes, each with a one-line message; the server keeps serving afterwards:
-  INVALID_ARGUMENT    unknown, missing or repeated input; wrong datatype; a shape the model does not
-                      take; data not matching its shape; batch over max_batch_size; unknown output
+  INVALID_ARGUMENT    bytes that are not the RPC's protobuf message; unknown, missing or repeated input;
+                      wrong datatype; a shape the model does not take; data not matching its shape;
+                      batch over max_batch_size; unknown output
   NOT_FOUND           unknown model or version
   UNAVAILABLE         not ready yet (warming up), or the Runtime stopped (`temper serve` shutting down
                       stops it before this server), a request still queued then included
@@ -26,7 +27,8 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
-from typing import TypeAlias
+from collections.abc import Callable
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -207,6 +209,7 @@ class GrpcServer:
         service = InferenceService(runtime)
         self.server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="temper-grpc"),
+            interceptors=[Unparsable(service.refused)],
             maximum_concurrent_rpcs=in_flight,
             options=[("grpc.max_receive_message_length", max_message_bytes),
                      ("grpc.so_reuseport", 0)],  # a port in use fails here instead of being shared
@@ -227,6 +230,45 @@ class GrpcServer:
     def stop(self, grace_s: float = 5.0) -> None:
         """Refuse new RPCs and give those in flight grace_s to finish."""
         self.server.stop(grace_s).wait()
+
+
+class _Unparsed:
+    """What the lenient parser hands on for bytes that are not the RPC's request message."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class Unparsable(grpc.ServerInterceptor):
+    """Answers a request whose bytes do not parse as the RPC's message with INVALID_ARGUMENT, the
+    client's mistake; grpcio's own answer is INTERNAL ("Exception deserializing request!"), which
+    reads as a server fault. `refused` hears each such ModelInfer, a failed inference request as
+    a REST body that is not JSON is."""
+
+    def __init__(self, refused: Callable[[], None]) -> None:
+        self.refused = refused
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.request_streaming or handler.response_streaming:
+            return handler  # unknown, or streaming: none is implemented, the base class answers UNIMPLEMENTED
+        parse, behaviour, rpc = handler.request_deserializer, handler.unary_unary, details.method.rpartition("/")[2]
+
+        def lenient(data: bytes) -> object:
+            try:
+                return parse(data)
+            except Exception as exc:  # protobuf's DecodeError
+                return _Unparsed(exc)
+
+        def answer(request: object, context: Context) -> object:
+            if isinstance(request, _Unparsed):
+                if rpc == "ModelInfer":
+                    self.refused()
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the {rpc} request does not parse: {request.error}")
+            return behaviour(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(answer, request_deserializer=lenient,
+                                                   response_serializer=handler.response_serializer)
 
 
 def _invalid(message: str) -> Refused:

@@ -105,7 +105,7 @@ def _text(families: list[Metric]) -> str:
         lines.append(f"# HELP {family.name} {_escaped(family.documentation, quote=False)}")
         lines.append(f"# TYPE {family.name} {family.type}")
         for sample in family.samples:
-            labels = ",".join(f'{key}="{_escaped(value)}"' for key, value in sample.labels.items())
+            labels = ",".join(f'{key}="{_escaped(value)}"' for key, value in sorted(sample.labels.items()))
             lines.append(f"{sample.name}{{{labels}}} {floatToGoString(sample.value)}" if labels else
                          f"{sample.name} {floatToGoString(sample.value)}")
     return "".join(line + "\n" for line in lines)

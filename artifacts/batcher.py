@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from temper.artifacts.bundle import ServingConfig
-from temper.artifacts.counters import Counters
+from temper.artifacts.counters import BACKEND, CANCELED, REJECTED, Counters
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 
 log = logging.getLogger("temper.serving")
@@ -114,7 +114,7 @@ class Batcher:
             if request.future.set_running_or_notify_cancel():
                 request.future.set_exception(Stopped("runtime stopped"))
         now = time.perf_counter_ns()
-        self.counters.record_failure(len(pending), sum(now - r.arrived_ns for r in pending))
+        self.counters.record_failure(REJECTED, len(pending), sum(now - r.arrived_ns for r in pending))
 
     def submit(self, inputs: Arrays, rows: int, inline: bool) -> concurrent.futures.Future:
         """Queue a validated request of `rows` rows (Overloaded when full, Stopped once stopped);
@@ -124,7 +124,7 @@ class Batcher:
         request = _Request(dict(inputs), rows, length, key, concurrent.futures.Future())
         with self._cond:
             if self._stopped:
-                self.counters.record_failure()
+                self.counters.record_failure(REJECTED)
                 raise Stopped("runtime stopped: it takes no more requests")
             run_here = inline and self._idle()
             if run_here:
@@ -132,7 +132,7 @@ class Batcher:
                 self._last_batch_requests = 1
             else:
                 if len(self._queue) >= self.config.max_queue:
-                    self.counters.record_failure()
+                    self.counters.record_failure(REJECTED)
                     raise Overloaded(f"queue full ({self.config.max_queue} requests waiting)")
                 self._queue.append(request)
                 self._cond.notify()
@@ -201,17 +201,17 @@ class Batcher:
         kept: deque[_Request] = deque()
         while self._queue:
             request = self._queue.popleft()
-            if request.arrived_ns < expiry:
+            if request.arrived_ns < expiry:  # timed out waiting, whether or not its caller has given up on it
                 if request.future.set_running_or_notify_cancel():
                     request.future.set_exception(RequestTimeout(f"not answered within {self.config.timeout_s}s"))
-                self.counters.record_failure(1, now - request.arrived_ns)
+                self.counters.record_failure(REJECTED, 1, now - request.arrived_ns)
             elif rows + request.rows > self.max_rows or (batch and request.key != batch[0].key):
                 kept.append(request)
             elif request.future.set_running_or_notify_cancel():
                 batch.append(request)
                 rows += request.rows
             else:
-                self.counters.record_failure(1, now - request.arrived_ns)  # cancelled by its caller (infer timed out)
+                self.counters.record_failure(CANCELED, 1, now - request.arrived_ns)  # its caller's deadline came first
         self._queue = kept
 
     def _execute(self, batch: list[_Request]) -> None:
@@ -228,7 +228,7 @@ class Batcher:
             for request in batch:
                 request.future.set_exception(exc)
             failed = time.perf_counter_ns()
-            self.counters.record_failure(len(batch), sum(failed - r.arrived_ns for r in batch))
+            self.counters.record_failure(BACKEND, len(batch), sum(failed - r.arrived_ns for r in batch))
             return
         done = time.perf_counter_ns()
         queued = sum(started - r.arrived_ns for r in batch)

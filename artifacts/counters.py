@@ -11,6 +11,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+# Why a request failed, as Triton's nv_inference_request_failure labels it (`reason`):
+REJECTED = "REJECTED"  # turned away or dropped unrun by the queue: full, timed out waiting, or the runtime stopping
+CANCELED = "CANCELED"  # its caller gave up while it was queued (a client deadline shorter than timeout_s)
+BACKEND = "BACKEND"  # the model's run failed
+OTHER = "OTHER"  # anything else: a bad request, one the server refused or could not write
+FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
+
 
 @dataclass
 class Counters:
@@ -19,7 +26,8 @@ class Counters:
     queue_ns and the compute_*_ns are summed per request, as Triton does (a request in a batch
     of 8 adds the whole batch's compute time); executed_requests is how many requests those
     sums cover. batches[rows] = [executions, input_ns, infer_ns, output_ns] per batch size, for
-    Triton's batch_stats. latency_counts[i] counts successful requests with latency <=
+    Triton's batch_stats. failures counts failed requests by reason (FAILURE_REASONS; their sum is
+    request_failure). latency_counts[i] counts successful requests with latency <=
     latency_buckets_ms[i] (cumulative, Prometheus style); latency_count is the +Inf bucket.
     Updating them costs a lock and a few additions per request; /metrics reads them at scrape time.
     """
@@ -42,6 +50,7 @@ class Counters:
     latency_counts: list[int] = field(default_factory=list)
     latency_sum_ms: float = 0.0
     latency_count: int = 0
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -82,10 +91,11 @@ class Counters:
                 if ms <= bound:
                     self.latency_counts[i] += 1
 
-    def record_failure(self, requests: int = 1, duration_ns: int = 0) -> None:
-        """`requests` failed requests that took `duration_ns` between them."""
+    def record_failure(self, reason: str, requests: int = 1, duration_ns: int = 0) -> None:
+        """`requests` failed requests, for `reason` (FAILURE_REASONS), that took `duration_ns` between them."""
         with self._lock:
             self.request_failure += requests
+            self.failures[reason] += requests
             self.failure_ns += duration_ns
 
     def snapshot(self) -> dict:
@@ -94,6 +104,7 @@ class Counters:
             return {
                 "request_success": self.request_success,
                 "request_failure": self.request_failure,
+                "failures": dict(self.failures),
                 "success_ns": self.success_ns,
                 "failure_ns": self.failure_ns,
                 "inference_count": self.inference_count,

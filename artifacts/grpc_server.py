@@ -11,8 +11,9 @@ reach the batcher together and share batches. The pool admits max_queue + max_ba
 what the Runtime can hold queued and running; gRPC refuses more with RESOURCE_EXHAUSTED.
 
 Status codes, each with a one-line message; the server keeps serving afterwards:
-  INVALID_ARGUMENT    unknown, missing or repeated input; wrong datatype; a shape the model does not
-                      take; data not matching its shape; batch over max_batch_size; unknown output
+  INVALID_ARGUMENT    bytes that are not the RPC's protobuf message; unknown, missing or repeated input;
+                      wrong datatype; a shape the model does not take; data not matching its shape;
+                      batch over max_batch_size; unknown output
   NOT_FOUND           unknown model or version
   UNAVAILABLE         not ready yet (warming up), or the Runtime stopped (`temper serve` shutting down
                       stops it before this server), a request still queued then included
@@ -26,7 +27,8 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
-from typing import TypeAlias
+from collections.abc import Callable
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -39,6 +41,7 @@ except (ImportError, RuntimeError) as exc:  # tritonclient reports a missing grp
         from exc
 
 from temper.artifacts.bundle import TensorSpec
+from temper.artifacts.counters import OTHER
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.protocol import DATATYPES, VERSION, WIRE
 from temper.artifacts.runtime import Runtime
@@ -96,7 +99,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         try:
             return self._infer(request, context.time_remaining())
         except Refused as exc:
-            self.runtime.metrics.record_failure()  # the Runtime counts only what reaches it
+            self.refused()
             code, message = exc.code, str(exc)
         except (RequestError, Overloaded, RequestTimeout, Stopped) as exc:  # already counted by the Runtime
             code, message = STATUS[type(exc)], str(exc)
@@ -104,6 +107,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             log.exception("inference failed")
             code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
         context.abort(code, message)
+
+    def refused(self) -> None:
+        """Count an inference request turned away before the Runtime, which counts what reaches it."""
+        self.runtime.metrics.record_failure(OTHER)
 
     def _model_or_abort(self, name: str, version: str, context: Context) -> None:
         if name != self.name:
@@ -199,13 +206,15 @@ class GrpcServer:
                  max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         in_flight = runtime.config.max_queue + runtime.max_rows
+        service = InferenceService(runtime)
         self.server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="temper-grpc"),
+            interceptors=[Unparsable(service.refused)],
             maximum_concurrent_rpcs=in_flight,
             options=[("grpc.max_receive_message_length", max_message_bytes),
                      ("grpc.so_reuseport", 0)],  # a port in use fails here instead of being shared
         )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(runtime), self.server)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, self.server)
 
     def start(self) -> int:
         """Bind and serve in the background; the bound port (useful with port 0). OSError when it cannot bind."""
@@ -221,6 +230,45 @@ class GrpcServer:
     def stop(self, grace_s: float = 5.0) -> None:
         """Refuse new RPCs and give those in flight grace_s to finish."""
         self.server.stop(grace_s).wait()
+
+
+class _Unparsed:
+    """What the lenient parser hands on for bytes that are not the RPC's request message."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class Unparsable(grpc.ServerInterceptor):
+    """Answers a request whose bytes do not parse as the RPC's message with INVALID_ARGUMENT, the
+    client's mistake; grpcio's own answer is INTERNAL ("Exception deserializing request!"), which
+    reads as a server fault. `refused` hears each such ModelInfer, a failed inference request as
+    a REST body that is not JSON is."""
+
+    def __init__(self, refused: Callable[[], None]) -> None:
+        self.refused = refused
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.request_streaming or handler.response_streaming:
+            return handler  # unknown, or streaming: none is implemented, the base class answers UNIMPLEMENTED
+        parse, behaviour, rpc = handler.request_deserializer, handler.unary_unary, details.method.rpartition("/")[2]
+
+        def lenient(data: bytes) -> object:
+            try:
+                return parse(data)
+            except Exception as exc:  # protobuf's DecodeError
+                return _Unparsed(exc)
+
+        def answer(request: object, context: Context) -> object:
+            if isinstance(request, _Unparsed):
+                if rpc == "ModelInfer":
+                    self.refused()
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the {rpc} request does not parse: {request.error}")
+            return behaviour(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(answer, request_deserializer=lenient,
+                                                   response_serializer=handler.response_serializer)
 
 
 def _invalid(message: str) -> Refused:

@@ -119,20 +119,18 @@ class RestCodec:
 
     def _wanted_outputs(self, request: dict) -> list[tuple[str, bool]]:
         """(output name, as binary) in the order the response lists them."""
-        params = request.get("parameters")
-        default = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
+        default = _flag(request.get("parameters"), "binary_data_output", False, "parameters")
         asked = request.get("outputs")
         if asked is None:
             return [(name, default) for name in self.outputs]
         if not isinstance(asked, list):
             raise RequestError('"outputs" must be a list of objects with a name')
         wanted = []
-        for item in asked:
+        for index, item in enumerate(asked):
             name = item.get("name") if isinstance(item, dict) else None
             if name not in self.outputs:
                 raise RequestError(f"unknown output {name!r}; the model gives {', '.join(self.outputs)}")
-            params = item.get("parameters")
-            wanted.append((name, bool(params.get("binary_data", default)) if isinstance(params, dict) else default))
+            wanted.append((name, _flag(item.get("parameters"), "binary_data", default, f"outputs[{index}].parameters")))
         return wanted
 
     def encode(self, request_id: str | None, results: dict[str, np.ndarray],
@@ -212,6 +210,17 @@ def _split(body: bytes | bytearray, header_length: bytes | None) -> tuple[dict, 
     if not isinstance(request, dict):
         raise RequestError("the request must be a JSON object")
     return request, view[end:]
+
+
+def _flag(params: object, key: str, default: bool, where: str) -> bool:
+    """A true/false request parameter. Only a JSON boolean counts, as in Triton: `"false"` is a
+    non-empty string, which Python's bool() would read as true."""
+    if not isinstance(params, dict) or key not in params:
+        return default
+    value = params[key]
+    if type(value) is not bool:
+        raise RequestError(f"{where}.{key} must be true or false (a JSON boolean), got {value!r}")
+    return value
 
 
 def _binary_size(item: dict) -> int | None:

@@ -28,7 +28,7 @@ import numpy as np
 from temper.artifacts import engines, versions
 from temper.artifacts.batcher import Batcher, pad_length
 from temper.artifacts.bundle import MODEL, ServingConfig, read
-from temper.artifacts.counters import Counters
+from temper.artifacts.counters import OTHER, Counters
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.host import HostProfile, profile, usable_cores
 from temper.artifacts.providers import CPU
@@ -157,7 +157,7 @@ class Runtime:
         try:
             rows = self._validate(inputs, self.max_rows)
         except RequestError:
-            self.metrics.record_failure()
+            self.metrics.record_failure(OTHER)
             raise
         return self._batcher.submit(inputs, rows, inline and self.inline)
 

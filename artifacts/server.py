@@ -185,8 +185,7 @@ class InferenceServer:
             return self._ready()
         elif path == "/metrics":
             _allow(method, "GET")
-            accept = dict(scope["headers"]).get(b"accept", b"").decode("latin-1")
-            body, content_type = self.exposition.render(accept)
+            body, content_type = self.exposition.render()
             return 200, [(b"content-type", content_type.encode())], body
         elif path in ("/v2", "/v2/"):
             _allow(method, "GET")

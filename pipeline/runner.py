@@ -125,7 +125,7 @@ class Runner:
         temp = Path(tempfile.gettempdir())
         sweep(temp, SCRATCH)  # what killed runs left; named by process id, so a live run's stays
         self.scratch = claim(temp, SCRATCH, mode=0o700)
-        self._baseline: ModelRecord | None = None
+        self._shared: list[ModelRecord] | None = None  # baseline()'s records, once built
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -225,8 +225,8 @@ class Runner:
         if evaluation is None or self.evaluation_set is None:
             raise RecipeError(self.loaded.file, "data.evaluation",
                               "a quantize fallback scores trials on the evaluation set: add data.evaluation")
-        assert self._baseline is not None, "baseline() runs before any candidate step"
-        return GateScorer(spec, self._baseline.path, list(self.recipe.model.outputs), self.evaluation_set,
+        assert self._shared is not None, "baseline() runs before any candidate step"
+        return GateScorer(spec, self._shared[-1].path, list(self.recipe.model.outputs), self.evaluation_set,
                           self.calibration_set, evaluation.batch_size, self.loaded.base, self.loaded.file)
 
     def sample(self) -> Batch:
@@ -380,9 +380,11 @@ class Runner:
         return record
 
     def baseline(self) -> list[ModelRecord]:
-        records = self.chain("baseline", self.source(), self.recipe.steps, "steps")
-        self._baseline = records[-1]
-        return records
+        """The source and the shared steps' records, built (or read from the cache) once per run: the
+        pre-flight, `temper check` and the build all ask for it, and the user sees each step once."""
+        if self._shared is None:
+            self._shared = self.chain("baseline", self.source(), self.recipe.steps, "steps")
+        return self._shared
 
     def run(self) -> RunResult:
         """Build the baseline, then every candidate; one candidate's failure does not stop the others."""

@@ -258,10 +258,15 @@ def _pyplot() -> Any:
 
 
 def _throughput_plot(report: Report, path: Path) -> Path:
-    """samples/s against batch size: log x (sizes double), linear y from 0 with plain tick labels, and
-    each model's round-to-round spread as an error bar."""
-    from matplotlib.ticker import StrMethodFormatter
+    fig = _throughput_figure(report)
+    fig.savefig(path, dpi=100)
+    _pyplot().close(fig)
+    return path
 
+
+def _throughput_figure(report: Report) -> Any:
+    """samples/s against batch size: log x (sizes double), linear y from 0 with plain tick labels, and
+    each model's round-to-round spread as an error bar. The Figure, laid out and not yet saved."""
     plt = _pyplot()
     series = {"baseline": report.baseline.throughput} | {n: c.throughput for n, c in report.candidates.items()}
     providers = sorted({m.provider for ms in series.values() for m in ms})
@@ -279,13 +284,29 @@ def _throughput_plot(report: Report, path: Path) -> Path:
         ax.set_xticks(batch_sizes, [str(b) for b in batch_sizes])
         ax.minorticks_off()
         ax.set_ylim(bottom=0)
-        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+        ax.yaxis.set_major_formatter(_plain_ticks())
         ax.legend()
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
+
+
+def _plain_ticks() -> Any:
+    """Tick labels with thousands separators and the decimals the tick spacing needs: `12,000` for a
+    fast model, `0.5, 1.0, 1.5` for one under 3 samples/s (whole numbers alone read `0, 0, 1, 1`)."""
+    from matplotlib.ticker import FuncFormatter
+
+    formatter = FuncFormatter(lambda value, _: f"{value:,.{_tick_decimals(formatter.locs)}f}")
+    return formatter
+
+
+def _tick_decimals(ticks: Any) -> int:
+    """The fewest decimals (up to 6) that write every tick exactly enough to tell them apart."""
+    values = [float(t) for t in ticks]
+    for decimals in range(7):
+        if all(abs(round(v, decimals) - v) < 1e-9 * max(1.0, abs(v)) for v in values):
+            return decimals
+    return 6
 
 
 def _tradeoff_plot(report: Report, path: Path) -> Path:

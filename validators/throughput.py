@@ -137,23 +137,34 @@ def random_inputs(model: onnx.ModelProto, rows: int, sizes: dict[str, int]) -> d
 
     Integer inputs get values in [0, 100): fine for speed, not for token-id models whose cost
     depends on the ids (benchmark those on real data via `temper run`). Keys of `sizes` are dim
-    names, or `input[axis]` for an unnamed dim. Raises OptionError keyed by `--dim` or `MODEL`.
+    names, or `input[axis]` for an unnamed dim; a key naming no such dim is refused, not ignored.
+    Raises OptionError keyed by `--dim` or `MODEL`.
     """
     rng = np.random.default_rng(0)
     types = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
     shapes: dict[str, list[int]] = {}
-    missing: list[str] = []
+    symbolic: list[str] = []  # the dims --dim sizes, in the model's order
+    batch: set[str] = set()  # named batch dims: --batch-sizes sizes those
     for name, shape in dims(model).items():
         shapes[name] = []
         for axis, dim in enumerate(shape):
+            key = dim if isinstance(dim, str) else f"{name}[{axis}]"
             if isinstance(dim, int) and dim > 0:
                 shapes[name].append(dim)
             elif axis == 0:
                 shapes[name].append(rows)
-            elif (key := dim if isinstance(dim, str) else f"{name}[{axis}]") in sizes:
-                shapes[name].append(sizes[key])
-            elif key not in missing:
-                missing.append(key)
+                batch.add(key)
+            else:
+                shapes[name].append(sizes.get(key, 0))
+                if key not in symbolic:
+                    symbolic.append(key)
+    for key in sizes:
+        if key in batch and key not in symbolic:
+            raise OptionError("--dim", f"'{key}' is the batch dim: give its sizes with --batch-sizes")
+        if key not in symbolic:
+            known = ", ".join(symbolic) or "none, every other dim is fixed"
+            raise OptionError("--dim", f"'{key}' is not a symbolic dim of the model; its symbolic dims: {known}")
+    missing = [key for key in symbolic if key not in sizes]
     if missing:
         given = ", ".join(f"{k}={v}" for k, v in sizes.items()) or "none"
         raise OptionError("--dim", f"symbolic dims need a size: {', '.join(missing)} "

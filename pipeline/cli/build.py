@@ -242,8 +242,14 @@ def _gate_table(verdict: Report) -> Table:
 
     table = Table(title="gates", title_justify="left")
     metric = verdict.metric
-    for col in ("candidate", "verdict", metric or "metric", "drop", "speedup", "failed gates"):
-        table.add_column(col, no_wrap=col != "failed gates")
+    # A `file.py:function` metric is headed by its function (the caption names it whole); that header and
+    # the gate names wrap, so a narrow terminal folds them instead of cutting the verdict to `pa…`.
+    table.add_column("candidate", no_wrap=True)
+    table.add_column("verdict", no_wrap=True)
+    table.add_column(metric.rpartition(":")[2] if metric else "metric", overflow="fold")
+    table.add_column("drop", no_wrap=True)
+    table.add_column("speedup")
+    table.add_column("failed gates", overflow="fold")
     for name, c in verdict.candidates.items():
         largest = max(c.throughput, key=lambda m: m.batch_size) if c.throughput else None
         table.add_row(

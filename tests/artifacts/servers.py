@@ -160,14 +160,22 @@ def _binary_outputs(headers: dict, body: bytes) -> dict[str, np.ndarray]:
 
 
 def _families(client: Client) -> dict[str, Metric]:
-    """/metrics parsed by prometheus_client's own text-format parser, by family name."""
+    """/metrics parsed by prometheus_client's own text-format parser, by family name. The parser names
+    every counter sample `<name>_total` (OpenMetrics' form); a counter the text declares without that
+    suffix, as Triton's are, gets its samples' names as written back."""
     status, headers, body = client.call("GET", "/metrics")
     assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
-    return {family.name: family for family in text_string_to_metric_families(body.decode())}
+    text = body.decode()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    for family in families.values():
+        if family.type == "counter" and f"# TYPE {family.name} counter\n" in text:
+            family.samples = [s._replace(name=family.name) for s in family.samples]
+    return families
 
 
 def _metrics(client: Client) -> dict[tuple[str, tuple], float]:
-    """Every sample: (sample name, its labels but model and version, sorted) -> value."""
+    """Every sample, named as the text names it: (sample name, its labels but model and version,
+    sorted) -> value."""
     return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("model", "version")))): s.value
             for family in _families(client).values() for s in family.samples}
 

@@ -98,6 +98,22 @@ def test_bad_request_is_invalid_argument_and_the_server_keeps_serving(
                                _expected(reference, inputs)["y"], rtol=0, atol=1e-6)
 
 
+def test_bytes_that_are_not_a_protobuf_message_are_invalid_argument(served: GrpcServed,
+                                                                    reference: ort.InferenceSession) -> None:
+    """grpcio answers a request it cannot parse with INTERNAL, which reads as a server fault."""
+    before = served.runtime.metrics.snapshot()["failures"]["OTHER"]
+    for method in ("ModelInfer", "ModelMetadata"):
+        raw = served.channel.unary_unary(f"/inference.GRPCInferenceService/{method}")  # bytes in, bytes out
+        with pytest.raises(grpc.RpcError) as refused:
+            raw(b"\xff\xff\xff\xff")
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+        assert refused.value.details().startswith(f"the {method} request does not parse: Error parsing message")
+    assert served.runtime.metrics.snapshot()["failures"]["OTHER"] == before + 1  # a failed inference, as in REST
+    inputs = _inputs(10)
+    np.testing.assert_allclose(_outputs(served.stub.ModelInfer(_raw_request(inputs)))["y"],
+                               _expected(reference, inputs)["y"], rtol=0, atol=1e-6)
+
+
 def test_unknown_model_or_version_is_not_found(served: GrpcServed, client: tritongrpc.InferenceServerClient) -> None:
     for call in (lambda: served.stub.ModelInfer(_raw_request(_inputs(8), model_name="other")),
                  lambda: served.stub.ModelInfer(_raw_request(_inputs(8), model_version="2")),

@@ -27,6 +27,7 @@ def test_a_full_queue_rejects_and_recovers(tmp_path: Path, started) -> None:
     assert all(f.result(timeout=10)["y"].shape == (1, 1) for f in accepted)
     assert runtime.infer({"x": x})["y"].shape == (1, 1)
     assert runtime.metrics.snapshot()["request_failure"] == rejected
+    assert runtime.metrics.snapshot()["failures"] == {"REJECTED": rejected, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
 
 
 def test_requests_not_answered_in_time_fail(tmp_path: Path, started) -> None:
@@ -41,6 +42,7 @@ def test_requests_not_answered_in_time_fail(tmp_path: Path, started) -> None:
     assert runtime.infer({"x": x})["y"].shape == (1, 3)
     metrics = runtime.metrics.snapshot()
     assert (metrics["request_failure"], metrics["inference_count"]) == (2, 1)
+    assert metrics["failures"]["REJECTED"] == 2  # both waited timeout_s, the one its caller gave up on included
 
 
 def test_a_failing_batch_fails_its_requests_and_serving_continues(tmp_path: Path, started) -> None:
@@ -52,6 +54,21 @@ def test_a_failing_batch_fails_its_requests_and_serving_continues(tmp_path: Path
     assert runtime.infer({"input_ids": good, "attention_mask": np.ones_like(good)})["pooled"].shape == (1, 3)
     metrics = runtime.metrics.snapshot()
     assert (metrics["request_failure"], metrics["request_success"]) == (1, 1)
+    assert metrics["failures"] == {"REJECTED": 0, "CANCELED": 0, "BACKEND": 1, "OTHER": 0}
+
+
+def test_a_request_its_caller_gave_up_on_is_canceled_not_run(tmp_path: Path, started) -> None:
+    """A caller's own deadline, shorter than timeout_s (a gRPC client's), cancels its queued request:
+    the batcher drops it unrun and counts it CANCELED, as Triton's failure reason says."""
+    runtime = runtime_for(linear_model(tmp_path), tmp_path, timeout_s=30)
+    x = np.ones((1, 4), np.float32)
+    given_up = runtime.submit({"x": x})  # not started: it waits in the queue
+    assert given_up.cancel()
+    started(runtime)
+    assert runtime.infer({"x": x})["y"].shape == (1, 3)
+    metrics = runtime.metrics.snapshot()
+    assert (metrics["request_success"], metrics["execution_count"]) == (1, 1)
+    assert metrics["failures"] == {"REJECTED": 0, "CANCELED": 1, "BACKEND": 0, "OTHER": 0}
 
 
 def test_ready_only_after_start_and_stop_fails_queued_requests(tmp_path: Path) -> None:
@@ -104,7 +121,7 @@ def test_requests_queued_when_the_runtime_stops_fail_with_stopped(tmp_path: Path
     runtime.stop()
     for future in queued:
         assert isinstance(future.exception(timeout=1), Stopped)
-    assert runtime.metrics.snapshot()["request_failure"] == 3
+    assert runtime.metrics.snapshot()["request_failure"] == runtime.metrics.snapshot()["failures"]["REJECTED"] == 3
 
 
 IDS = np.ones((2, 5), np.int64)
@@ -130,7 +147,7 @@ def test_malformed_requests_are_rejected(tmp_path: Path, inputs: object, message
     runtime = runtime_for(pooling_model(tmp_path), tmp_path, pad={"input_ids": 0, "attention_mask": 0})
     with pytest.raises(RequestError, match=message):
         runtime.submit(inputs)
-    assert runtime.metrics.snapshot()["request_failure"] == 1
+    assert runtime.metrics.snapshot()["failures"] == {"REJECTED": 0, "CANCELED": 0, "BACKEND": 0, "OTHER": 1}
 
 
 def test_fixed_dims_are_checked(tmp_path: Path) -> None:

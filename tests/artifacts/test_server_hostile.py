@@ -74,6 +74,12 @@ BAD = {
     "float32 overflow to Inf": (_with(0, data=[1e39] + [0.5] * 7), "NaN or infinite"),
     "nested 100k deep": (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "malformed JSON"),
     "id not a string": ({"id": {"a": 1}, "inputs": _good(_inputs(6))}, '"id" must be a string'),
+    "binary_data_output a string": ({"inputs": _good(_inputs(6)), "parameters": {"binary_data_output": "false"}},
+                                    "parameters.binary_data_output must be true or false (a JSON boolean), "
+                                    "got 'false'"),
+    "binary_data a number": ({"inputs": _good(_inputs(6)),
+                              "outputs": [{"name": "y", "parameters": {"binary_data": 0}}]},
+                             "outputs[0].parameters.binary_data must be true or false"),
 }
 
 
@@ -151,7 +157,9 @@ def test_outputs_json_cannot_carry_fail_with_500_or_come_as_binary(tmp_path: Pat
         assert status == 200 and _strict_json(body)["outputs"][0]["data"] == pytest.approx([0.0, 1.0])
         metrics = _metrics(c)
         c.close()
-    assert _counter(metrics, "nv_inference_request_failure") == 1  # the 500: the runtime ran it, the server failed it
+    # the 500: the runtime ran it, the server could not write it
+    assert _counter(metrics, "nv_inference_request_failure", reason="OTHER") == 1
+    assert _counter(metrics, "nv_inference_request_failure", reason="BACKEND") == 0
 
 
 def test_gzip_and_deflate_bodies_are_inflated_within_the_limit(client: Client, reference: ort.InferenceSession) -> None:

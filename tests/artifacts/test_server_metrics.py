@@ -1,5 +1,5 @@
-"""`temper serve` over real HTTP, what it reports: /metrics as Prometheus and OpenMetrics text named
-like Triton's, and Triton's model config and statistics extensions read by tritonclient."""
+"""`temper serve` over real HTTP, what it reports: /metrics as Prometheus text named and typed like
+Triton's, and Triton's model config and statistics extensions read by tritonclient."""
 
 from __future__ import annotations
 
@@ -37,10 +37,15 @@ def test_metrics_parse_as_prometheus_text_named_like_triton(client: Client) -> N
         assert client.infer(_json_request(_inputs(50 + seed, rows=n)))[0] == 200
     families = _families(client)
     metrics = _metrics(client)
-    for name in TRITON_COUNTERS:  # Triton's names, without a _total suffix, so its dashboards find them
-        assert families[name].type == "unknown" and [s.name for s in families[name].samples] == [name]
-        assert _counter(metrics, name) >= 1 if name != "nv_inference_request_failure" else _counter(metrics, name) >= 0
+    for name in TRITON_COUNTERS:  # Triton's names and types: counters without a _total suffix
+        assert families[name].type == "counter" and {s.name for s in families[name].samples} == {name}
+    assert all(_counter(metrics, name) >= 1 for name in TRITON_COUNTERS if name != "nv_inference_request_failure")
+    failures = families["nv_inference_request_failure"].samples  # Triton's reasons, each always there
+    assert [s.labels["reason"] for s in failures] == ["REJECTED", "CANCELED", "BACKEND", "OTHER"]
     assert families["nv_inference_pending_request_count"].type == "gauge"
+    memory = {name: families[name] for name in ("nv_cpu_memory_total_bytes", "nv_cpu_memory_used_bytes")}
+    assert {family.type for family in memory.values()} == {"gauge"}
+    assert 0 < _counter(metrics, "nv_cpu_memory_used_bytes") < _counter(metrics, "nv_cpu_memory_total_bytes")
     assert _counter(metrics, "nv_inference_pending_request_count") == 0  # nothing queued between requests
     infer_us = _counter(metrics, "nv_inference_compute_infer_duration_us")
     assert _counter(metrics, "nv_inference_request_duration_us") >= infer_us
@@ -68,21 +73,25 @@ def test_metrics_parse_as_prometheus_text_named_like_triton(client: Client) -> N
     assert _counter(metrics, "process_cpu_seconds_total") > 0
 
 
-def test_metrics_in_openmetrics_when_asked_and_labels_escaped(tiny: Path, tmp_path: Path) -> None:
-    """A model name with a quote, a backslash and a newline survives both formats' escaping."""
-    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+def test_metrics_are_prometheus_text_whatever_is_asked_and_labels_escaped(client: Client, tiny: Path,
+                                                                         tmp_path: Path) -> None:
+    """Triton answers its text format to every scraper, Prometheus's OpenMetrics-first Accept included:
+    OpenMetrics requires `_total` on counter samples, so it could not type Triton's counters under their
+    names. A model name with a quote, a backslash and a newline survives the escaping."""
+    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"  # Prometheus's
+    status, headers, body = client.call("GET", "/metrics", headers={"Accept": accept})
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4"), headers
+    lines = body.decode().splitlines()
+    assert "# TYPE nv_inference_request_success counter" in lines and "untyped" not in body.decode()
+    assert any(line.startswith("nv_inference_request_success{") for line in lines)
 
     name = 'odd "name" \\ with\nnewline'
     app = InferenceServer(Runtime(_bundle(tmp_path / "odd", tiny / bundle.MODEL, name)))
-    text, content_type = app.exposition.render("")
+    text, content_type = app.exposition.render()
     assert content_type.startswith("text/plain; version=0.0.4")
-    (family,) = [f for f in text_string_to_metric_families(text.decode()) if f.name == "nv_inference_request_success"]
-    assert family.samples[0].labels == {"model": name, "version": "1"}
-    text, content_type = app.exposition.render("application/openmetrics-text; version=1.0.0")
-    assert content_type.startswith("application/openmetrics-text") and text.endswith(b"# EOF\n")
-    families = {f.name: f for f in openmetrics_families(text.decode())}
-    assert families["nv_inference_request_success"].samples[0].labels["model"] == name
-    assert families["nv_inference_request_success"].samples[0].name == "nv_inference_request_success"
+    families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+    for family in ("nv_inference_request_success", "nv_inference_request_failure", "temper_batch_size"):
+        assert families[family].samples[0].labels["model"] == name, family
 
 
 # -- Triton's extensions, through tritonclient's own HTTP client ---------------------------------

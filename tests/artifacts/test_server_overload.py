@@ -52,7 +52,8 @@ def test_overload_is_503_and_the_server_recovers(slow_model: Path, tmp_path: Pat
         metrics = _metrics(c)
         (info,) = _families(c)["temper_runtime_info"].samples
         c.close()
-    assert _counter(metrics, "nv_inference_request_failure") >= 1
+    assert _counter(metrics, "nv_inference_request_failure", reason="REJECTED") >= 1  # the queue turned them away
+    assert _counter(metrics, "nv_inference_request_failure", reason="BACKEND") == 0
     assert _counter(metrics, "temper_inline_exec_count") == 0  # milliseconds per run: never on the event loop
     assert info.labels["model"] == "slow" and info.labels["inline"] == "false"
 
@@ -62,7 +63,7 @@ def test_request_not_answered_in_time_is_504(slow_model: Path, tmp_path: Path) -
     with Served(Runtime(folder)) as served:
         c = Client(served.port)
         status, _, body = c.infer(_slow_request(0, rows=16), model="slow")  # ~100 ms of compute here
-        assert status == 504 and "not answered within" in json.loads(body)["error"]
+        assert status == 504 and "not answered within" in json.loads(body)["error"], (status, body)
         assert c.call("GET", "/v2/health/live")[0] == 200
         c.close()
 

@@ -264,6 +264,17 @@ def test_publishing_prints_no_library_logs_or_warnings(tmp_path: Path) -> None:
     assert [line for line in result.stderr.splitlines() if line.strip() and "✓" not in line] == []
 
 
+def test_each_shared_step_is_reported_once(tmp_path: Path) -> None:
+    """The pre-flight needs the baseline before the build does: it is built (or read from the cache) once,
+    so `baseline › simplify` is one line, not one for the pre-flight and one for the build."""
+    recipe = tiny_recipe(tmp_path, steps=["simplify"], validate={"accuracy": {"metric": "top1", "max_drop": 0.5}})
+    for attempt in ("built", "cached"):
+        result = temper("run", recipe, "--output", tmp_path / attempt)
+        assert result.returncode == 0, result.stderr
+        shared = [line.strip() for line in result.stderr.splitlines() if "baseline › simplify" in line]
+        assert len(shared) == 1 and shared[0].endswith("cached") == (attempt == "cached"), result.stderr
+
+
 def test_promote_names_the_argument_that_is_wrong(tracking_store: str) -> None:
     from mlflow.tracking import MlflowClient
 

@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 
 from temper.validators.report import junit, markdown, speedup_text
+from temper.validators.report_model import Report
 from tests.unit.reports import INCONCLUSIVE, REASON, SCHEMA, gate, sample_report
 
 
@@ -109,3 +110,21 @@ def test_junit_case_per_gate_with_the_failure_detail():
     assert failure.get("message") == INCONCLUSIVE and failure.get("type") == "gate"
     assert json.loads(failure.text)["interval"] == [0.9, 1.3]
     assert cases[0].find("failure") is None
+
+
+@pytest.mark.parametrize("speeds, labels", [
+    ((1.2, 2.4), ["0.0", "0.5", "1.0", "1.5", "2.0", "2.5"]),  # under 3 samples/s: whole numbers read 0, 0, 1, 1...
+    ((4000.0, 4400.0), ["0", "1,000", "2,000", "3,000", "4,000"]),
+])
+def test_throughput_plot_y_ticks_show_the_real_values(speeds, labels):
+    from temper.validators.report import _throughput_figure
+
+    report = sample_report()
+    report["baseline"]["throughput"][0]["samples_per_s"] = speeds[0]
+    report["candidates"]["int8"]["throughput"][0]["samples_per_s"] = speeds[1]
+    figure = _throughput_figure(Report.model_validate(report))
+    figure.canvas.draw()  # the formatter writes the labels at draw time, as savefig does
+    (axes,) = figure.axes
+    shown = [t.get_text() for t in axes.get_yticklabels() if 0 <= t.get_position()[1] <= axes.get_ylim()[1]]
+    assert shown[: len(labels)] == labels, shown
+    assert len(set(shown)) == len(shown)  # no two ticks read the same

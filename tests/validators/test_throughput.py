@@ -156,6 +156,20 @@ def test_bench_symbolic_dim_without_size(temper: Callable, with_seq: Path) -> No
     assert "--dim" in result.stderr and "seq" in result.stderr
 
 
+@pytest.mark.parametrize("dims, message", [
+    (["seq=3", "sequ=4"], "'sequ' is not a symbolic dim of the model; its symbolic dims: seq"),
+    (["seq=3", "batch=4"], "'batch' is the batch dim: give its sizes with --batch-sizes"),
+])
+def test_bench_refuses_a_dim_the_model_does_not_have(temper: Callable, with_seq: Path, dims: list[str],
+                                                     message: str) -> None:
+    """A misspelt --dim used to be ignored: the benchmark ran on sizes the user did not ask for."""
+    result = temper("bench", with_seq, "--batch-sizes", "1", "--duration", "0.2",
+                    *[arg for d in dims for arg in ("--dim", d)])
+    assert result.code == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {with_seq}: --dim: {message}"), line
+
+
 @pytest.mark.parametrize("sizes", ["0,8", "1,x", ""])
 def test_bench_bad_batch_sizes(temper: Callable, dynamic: Path, sizes: str) -> None:
     result = temper("bench", dynamic, "--batch-sizes", sizes, "--duration", "0.2")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
@@ -16,6 +17,18 @@ from filelock import FileLock
 MODEL_FILE = "model.onnx"
 TUNING_FILE = "tuning.json"  # written beside a model by the quantize fallback: its trials and ranking
 META_FILE = "meta.json"
+
+LIBRARIES = ("temper-ml", "torch", "onnx", "onnxruntime", "onnxsim", "numpy")  # part of every step's key
+
+
+def library_versions() -> dict[str, str]:
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
 
 
 def default_root() -> Path:

@@ -16,10 +16,10 @@ from temper.artifacts.errors import EnvironmentProblem, RecipeError, TemperError
 from temper.artifacts.folders import MARKER, claim, mark, replaceable, swap_in, sweep
 from temper.artifacts.host import profile
 from temper.artifacts.onnx_io import load_structure
-from temper.pipeline.cache import MODEL_FILE, TUNING_FILE, key_of
+from temper.pipeline.cache import MODEL_FILE, TUNING_FILE, key_of, library_versions
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.recipe import Recipe
-from temper.pipeline.runner import ModelRecord, RunResult, library_versions
+from temper.pipeline.runner import ModelRecord, RunResult
 
 if TYPE_CHECKING:
     from temper.artifacts.bundle import ServingConfig

@@ -7,7 +7,6 @@ goes to an `Observer`) and nothing of validation or publishing, which consume it
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import shutil
 import tempfile
 import time
@@ -26,7 +25,7 @@ from temper.artifacts.folders import claim, sweep
 from temper.artifacts.integrity import sha256_of
 from temper.calibration.sources import Dataset, load
 from temper.calibration.spec import DataSource
-from temper.pipeline.cache import MODEL_FILE, StepCache, key_of
+from temper.pipeline.cache import MODEL_FILE, StepCache, key_of, library_versions
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.recipe import InputSpec, StepSpec
 
@@ -36,17 +35,6 @@ if TYPE_CHECKING:  # the steps import onnxsim, ORT's quantizers and (via onnxrun
     from temper.validators.scoring import GateScorer
 
 SCRATCH = "temper-run-"  # the runner's scratch folders in the system temp folder: temper-run-<pid>-<random>
-LIBRARIES = ("temper-ml", "torch", "onnx", "onnxruntime", "onnxsim", "numpy")
-
-
-def library_versions() -> dict[str, str]:
-    versions = {}
-    for name in LIBRARIES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = "absent"
-    return versions
 
 
 @dataclass(frozen=True)

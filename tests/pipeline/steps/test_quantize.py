@@ -210,6 +210,8 @@ def test_unknown_op_type_is_an_option_error(tmp_path: Path) -> None:
         ({"mode": "static", "calibration": "entropy", "num_bins": 128}, "num_bins"),
         ({"mode": "static", "backend": "modelopt", "calibration": "percentile"}, "calibration"),
         ({"mode": "static", "backend": "modelopt", "activation_type": "uint8"}, "activation_type"),
+        # the preset is what the user wrote, not the uint8 activations it fills in
+        ({"mode": "static", "backend": "modelopt", "preset": "avx2"}, "preset"),
     ],
 )
 def test_options_the_backend_cannot_honour_are_refused(tmp_path: Path, options: dict, key: str) -> None:

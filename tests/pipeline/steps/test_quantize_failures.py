@@ -69,3 +69,14 @@ def test_preprocess_is_for_onnx_runtime_only():
     with pytest.raises(ValidationError, match="'preprocess': ModelOpt prepares the graph itself"):
         QuantizeOptions(mode="static", backend="modelopt", preprocess=False)
     assert QuantizeOptions(mode="dynamic", preprocess=False).preprocess is False
+
+
+def test_the_node_to_keep_float_is_named_as_the_step_s_input_graph_has_it():
+    from onnx import helper
+
+    from temper.pipeline.steps.quantize.failures import user_name
+
+    fused = helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fc/MatMulAddFusion")  # quant_pre_process's rename
+    assert user_name(fused) == "fc"
+    exported = helper.make_node("Conv", ["x", "w"], ["y"], name="/decoder/Conv")  # a torch export's own slashes
+    assert user_name(exported) == "/decoder/Conv"

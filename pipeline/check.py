@@ -19,6 +19,8 @@ from temper.validators.census import Census, of_file
 
 @dataclass(frozen=True)
 class Checked:
+    """What `temper check` prints: each check that held (✓), then each notice (!)."""
+
     done: list[str]  # what was checked and holds
     notices: list[str]  # what holds but will not do all the recipe may expect (compute a quantizer leaves float)
 

@@ -12,12 +12,23 @@ import re
 from collections.abc import Iterable
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes some libraries put in messages
+_ANNOUNCED_LINES = 4  # what a first line ending in a colon may pull in: the named thing, not a dump
 
 
 def first_line(exc: BaseException) -> str:
-    """`Type: first line of the message`: library messages run to pages; the CLI shows one line."""
-    lines = [line.strip() for line in _ANSI.sub("", str(exc)).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    """`Type: first line of the message`: library messages run to pages; the CLI shows one line.
+
+    A first line that ends in a colon announces what follows (onnx's checker: "...input 'h' of node:",
+    then the node on the next lines), so the first lines of its paragraph are joined into the line instead."""
+    text = _ANSI.sub("", str(exc))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    shown = lines[0]
+    if shown.endswith(":"):
+        paragraph = text.strip().split("\n\n", 1)[0]
+        shown = " ".join([line.strip() for line in paragraph.splitlines() if line.strip()][:_ANNOUNCED_LINES])
+    return f"{type(exc).__name__}: {shown}"
 
 
 def close_names(name: str, choices: Iterable[str], n: int = 3) -> list[str]:

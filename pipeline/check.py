@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from temper.artifacts import onnx_io
 from temper.artifacts.callables import load_callable
 from temper.artifacts.errors import OptionError, RecipeError
 from temper.pipeline.gating import preflight
+from temper.pipeline.recipe import StepSpec
 from temper.pipeline.runner import Runner
+from temper.pipeline.step_options import QuantizeOptions
 from temper.pipeline.steps import STEPS, uses_calibration
+from temper.pipeline.steps.quantize.census_check import subgraph_notice
+from temper.pipeline.steps.quantize.quantize import BACKENDS
+from temper.validators.census import Census, of_file
 
 
-def check(runner: Runner, tracking: str | None = None) -> list[str]:
-    """Return what was checked (for the user); raise RecipeError on the first problem (EnvironmentProblem
-    for a provider or an MLflow store that is not there)."""
+@dataclass(frozen=True)
+class Checked:
+    """What `temper check` prints: each check that held (✓), then each notice (!)."""
+
+    done: list[str]  # what was checked and holds
+    notices: list[str]  # what holds but will not do all the recipe may expect (compute a quantizer leaves float)
+
+
+def check(runner: Runner, tracking: str | None = None) -> Checked:
+    """Return what was checked and what to know (for the user); raise RecipeError on the first problem
+    (EnvironmentProblem for a provider or an MLflow store that is not there, StepFailed, exit 1, when the
+    baseline cannot be built)."""
     recipe, loaded = runner.recipe, runner.loaded
     if recipe.model.factory is not None:
         load_callable(recipe.model.factory, loaded.base, loaded.file, "model.factory")
@@ -37,4 +53,16 @@ def check(runner: Runner, tracking: str | None = None) -> list[str]:
         except OptionError as exc:
             raise RecipeError(loaded.file, f"{where}.{spec.name}.{exc.key}", exc.message) from None
     done.append(f"{len(steps) - len(recipe.steps)} candidate steps match the baseline graph")
-    return done + preflight(runner, tracking)
+    done += preflight(runner, tracking)
+    return Checked(done, _subgraph_notices(of_file(baseline.path), steps[len(recipe.steps):]))
+
+
+def _subgraph_notices(counted: Census, steps: list[tuple[str, StepSpec]]) -> list[str]:
+    """One line per candidate quantize step when the baseline keeps compute inside If/Loop/Scan bodies."""
+    notices = []
+    for where, spec in steps:
+        if isinstance(spec.options, QuantizeOptions):
+            line = subgraph_notice(counted, BACKENDS[spec.options.backend])
+            if line:
+                notices.append(f"{where}.{spec.name}: {line}")
+    return notices

@@ -152,7 +152,7 @@ def revalidate_published(loaded: LoadedRecipe, uri: str, folder: Path, cache: St
     from temper.artifacts import versions
     from temper.artifacts.integrity import Mismatch, candidate_name, read_manifest, recorded
     from temper.artifacts.registry import FolderInUse, NoSuchModel, StoreUnreachable, fetch_output
-    from temper.pipeline.outputs import build_fingerprint
+    from temper.pipeline.outputs import same_build
 
     try:
         got = fetch_output(uri, tracking, folder)
@@ -166,7 +166,7 @@ def revalidate_published(loaded: LoadedRecipe, uri: str, folder: Path, cache: St
         manifest = read_manifest(got.folder, "publish it again with `temper run`")
     except Mismatch as exc:
         raise RecipeError(uri, "--model", f"its run's {exc.file.name} {exc}") from None
-    if manifest.get("build_sha256") != build_fingerprint(loaded.recipe):
+    if not same_build(manifest.get("build_sha256"), loaded.recipe):
         raise RecipeError(loaded.file, "", f"{got.uri} was built from a different model, data or steps than this "
                                            "recipe has: pass the recipe that version was built from")
     try:

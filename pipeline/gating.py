@@ -10,7 +10,7 @@ from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line
 from temper.artifacts.integrity import Mismatch, check_output
 from temper.pipeline.cache import MODEL_FILE, TUNING_FILE
 from temper.pipeline.loading import LoadedRecipe
-from temper.pipeline.outputs import MANIFEST, build_fingerprint
+from temper.pipeline.outputs import MANIFEST, same_build
 from temper.pipeline.runner import Runner, RunResult
 from temper.pipeline.steps import candidate_precision
 from temper.validators.validation import Subject
@@ -121,7 +121,7 @@ def from_folder(runner: Runner, folder: Path) -> Subject:
     if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
         raise RecipeError(str(folder), "--output", f"{MANIFEST} is not a temper manifest (no candidates mapping): "
                                                    "run `temper run` to rebuild the folder")
-    if manifest.get("build_sha256") != build_fingerprint(runner.recipe):
+    if not same_build(manifest.get("build_sha256"), runner.recipe):
         raise RecipeError(loaded.file, "", f"the models in {folder} were built from a different model, data or steps "
                                            "than this recipe now has: run `temper run` to rebuild them")
     candidates: dict[str, Path | str] = {}

@@ -27,9 +27,23 @@ if TYPE_CHECKING:
 MANIFEST = "manifest.json"
 
 
+# Recipe keys that cannot change a built model: the gates (re-gating is what `temper validate` is for), the
+# recipe's name, where the selected model is published, and the target (a build sees it only through the
+# presets it resolves, which are in the steps' options).
+NOT_BUILD = {"validation", "select", "name", "publish", "target"}
+_GATES = {"validation", "select"}  # what manifests written before name, publish and target left NOT_BUILD excluded
+
+
 def build_fingerprint(recipe: Recipe) -> str:
-    """Hash of everything that shapes the models (not the gates): `temper validate` re-gates only matching builds."""
-    return key_of(**recipe.model_dump(mode="json", by_alias=True, exclude={"validation", "select"}))
+    """Hash of everything that shapes the models: `temper validate` re-gates only matching builds."""
+    return key_of(**recipe.model_dump(mode="json", by_alias=True, exclude=NOT_BUILD))
+
+
+def same_build(recorded: object, recipe: Recipe) -> bool:
+    """A manifest's `build_sha256` is this recipe's build (an older manifest's: with the same name, publish
+    section and target too, as its fingerprint held them)."""
+    return recorded in (build_fingerprint(recipe), key_of(**recipe.model_dump(mode="json", by_alias=True,
+                                                                               exclude=_GATES)))
 
 
 class OutputFolder:

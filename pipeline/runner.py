@@ -86,14 +86,9 @@ class Observer(Protocol):
 class _Silent:
     """The observer when nobody watches (library use, `temper check`): progress goes nowhere."""
 
-    def started(self, chain: str, step: str) -> None:
-        pass
-
-    def finished(self, chain: str, record: ModelRecord) -> None:
-        pass
-
-    def note(self, text: str) -> None:
-        pass
+    def started(self, chain: str, step: str) -> None: ...
+    def finished(self, chain: str, record: ModelRecord) -> None: ...
+    def note(self, text: str) -> None: ...
 
 
 def _fingerprint(batches: list[Batch]) -> str:
@@ -334,8 +329,13 @@ class Runner:
                 except OptionError as exc:
                     raise RecipeError(self.loaded.file, f"{where}.{exc.key}", exc.message) from exc
 
-            records.append(self._cached(f"{name}/{index + 1}-{spec.name}", parent.id, spec.name,
-                                        options.model_dump(mode="json"), key, build, chain=name))
+            try:
+                records.append(self._cached(f"{name}/{index + 1}-{spec.name}", parent.id, spec.name,
+                                            options.model_dump(mode="json"), key, build, chain=name))
+            except StepFailed as exc:  # a candidate's failure is reported and the run goes on; the baseline's ends it
+                if name != "baseline":
+                    raise
+                raise StepFailed(f"{self.loaded.file}: {where}: the baseline cannot be built: {exc}") from exc
         return records
 
     def _cached(self, model_id: str, parent: str | None, step: str, options: dict[str, Any], key: str,

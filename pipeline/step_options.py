@@ -76,6 +76,11 @@ class QuantizeOptions(Strict):
         "In a recipe a step without one is auto: the preset for the recipe's target; "
         "null keeps ONNX Runtime's defaults")
     backend: Literal["ort", "modelopt"] = "ort"
+    preprocess: bool = Field(
+        True, description="run ONNX Runtime's quant_pre_process first (symbolic shape inference, constant folding, "
+                          "fusions); false quantizes the graph as it is, for a model pre-processing fails on: no "
+                          "fused ops and no inferred shapes, so tensors of unknown shape stay float and the INT8 "
+                          "model is often slower")
     format: Literal["qdq", "qoperator"] = "qdq"
     per_channel: bool = False
     reduce_range: bool = False
@@ -112,6 +117,8 @@ class QuantizeOptions(Strict):
                 raise ValueError("mode: dynamic is implemented by backend: ort only")
         if self.backend == "modelopt" and self.format != "qdq":
             raise ValueError("backend: modelopt writes QDQ graphs only (format: qdq)")
+        if self.backend == "modelopt" and "preprocess" in self.model_fields_set:
+            raise ValueError("'preprocess': ModelOpt prepares the graph itself; it is for backend: ort only")
         if self.backend == "modelopt" and self.fallback is not None:
             raise ValueError("fallback tunes ONNX Runtime's quantizer: it needs backend: ort")
         return self

@@ -147,8 +147,11 @@ def check(recipe: RecipeArg, cache_dir: CacheOpt = None, tracking_uri: TrackingO
     from temper.pipeline.check import check as run_check
 
     with Runner(load_recipe(recipe), step_cache(cache_dir)) as runner:
-        for line in run_check(runner, tracking_uri):
-            out.print(Text.assemble(("  ✓ ", "green"), line))
+        checked = run_check(runner, tracking_uri)
+    for line in checked.done:
+        out.print(Text.assemble(("  ✓ ", "green"), line))
+    for line in checked.notices:
+        out.print(Text.assemble(("  ! ", "yellow"), line), soft_wrap=True)
     out.print(f"{recipe}: ok")
 
 

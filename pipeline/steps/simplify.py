@@ -16,6 +16,10 @@ from temper.artifacts.onnx_io import dims, fit_batch, load_structure, save, sess
 from temper.pipeline.step_options import SimplifyOptions
 from temper.pipeline.steps.base import Step, StepContext
 
+# A failed simplification has no fix inside the step: the way out is a chain without it, and what that costs.
+WITHOUT = ("remove this simplify step (the cost: the model keeps the constants and redundant nodes onnxsim would "
+           "fold; ONNX Runtime folds most of them itself when it loads the model)")
+
 
 def _check_shapes(src: Path, ctx: StepContext) -> dict[str, list[int]] | None:
     """Input shapes for onnxsim's random check, from a real batch, when onnxsim cannot size them.
@@ -48,15 +52,14 @@ class Simplify(Step[SimplifyOptions]):
                     test_input_shapes=shapes,
                 )
         except Exception as err:  # onnxsim raises anything from RuntimeError to ORT's Fail
-            raise StepFailed(f"simplify: onnx-simplifier failed: {first_line(err)}") from err
+            raise StepFailed(f"simplify: onnx-simplifier failed: {first_line(err).rstrip('.')}; {WITHOUT}") from err
         if not check_ok:
             changed = [line for line in log.getvalue().splitlines() if "changes after optimization" in line]
             reason = changed[0].strip() if changed else "outputs differ from the input model's"
-            raise StepFailed(f"simplify: onnx-simplifier failed: {reason} (try skip_fuse_bn: true)")
+            raise StepFailed(f"simplify: onnx-simplifier failed: {reason}: try skip_fuse_bn: true, or {WITHOUT}")
         save(model, dst)
         try:
             session(dst)
         except Exception as err:
-            raise StepFailed(
-                f"simplify: onnx-simplifier failed: its result does not load in onnxruntime: {first_line(err)}"
-            ) from err
+            raise StepFailed(f"simplify: onnx-simplifier failed: its result does not load in onnxruntime: "
+                             f"{first_line(err).rstrip('.')}; {WITHOUT}") from err

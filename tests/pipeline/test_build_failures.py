@@ -129,3 +129,41 @@ def test_a_build_its_step_rejects_is_a_failed_gate_and_the_run_exits_0(temper, t
     assert report["not_built"] == {"fp16": {"kind": "rejected", "reason": report["not_built"]["fp16"]["reason"]}}
     assert "float16" in report["not_built"]["fp16"]["reason"]
     assert ET.parse(out / "junit.xml").getroot().get("errors") == "0"
+
+
+def test_a_baseline_that_cannot_be_built_exits_1_from_check_and_run_with_one_line(temper, tmp_path):
+    """A shared step failing leaves nothing to gate: `temper check` and `temper run` say the same line, naming the
+    step's key, and exit 1 (a build that failed, README's table), with no output folder written. Here onnxsim
+    fails inside an If branch on an op ONNX Runtime has no kernel for."""
+    recipe = _tiny(tmp_path, {"int8": {"steps": [{"quantize": {"mode": "dynamic"}}]}})
+    weight = numpy_helper.from_array(np.random.default_rng(0).random((4, 3), dtype=np.float32), "w")
+
+    def branch(name: str, last: onnx.NodeProto) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node("MatMul", ["x", "w"], [f"{name}_h"]), last], name, [],
+                                 [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, ["batch", 3])])
+
+    custom = helper.make_node("Frobnicate", ["then_h"], ["then_y"], domain="acme", name="then_custom")
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0), helper.make_node("Greater", ["s", "zero"], ["c"]),
+         helper.make_node("If", ["c"], ["y"], name="branch", then_branch=branch("then", custom),
+                          else_branch=branch("else", helper.make_node("Relu", ["else_h"], ["else_y"])))], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        [weight, numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme", 1)])
+    onnx.save(model, str(tmp_path / "tiny.onnx"))
+    edit_recipe(recipe, lambda d: d.update(steps=["simplify"]))
+
+    checked, ran = temper("check", recipe), temper("run", recipe, "--output", tmp_path / "out")
+    lines = []
+    for result in (checked, ran):
+        assert result.code == 1, result.stderr
+        (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+        lines.append(line)
+    assert lines[0] == lines[1]
+    assert lines[0].startswith(f"error: {recipe}: steps[0].simplify: the baseline cannot be built: simplify: "
+                               "onnx-simplifier failed: "), lines[0]
+    assert "Node (branch) Op (If)" in lines[0]  # the node, and the way out with its cost
+    assert lines[0].endswith("remove this simplify step (the cost: the model keeps the constants and redundant nodes "
+                             "onnxsim would fold; ONNX Runtime folds most of them itself when it loads the model)")
+    assert "Traceback" not in checked.stderr + ran.stderr and not (tmp_path / "out").exists()

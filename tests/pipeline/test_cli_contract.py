@@ -246,6 +246,24 @@ def test_a_corrupt_manifest_is_bad_input_for_validate(tmp_path: Path) -> None:
     assert files(out) == {"manifest.json": b'{"build_sha256": "trunc'}
 
 
+def test_validate_re_gates_a_folder_whatever_the_recipe_is_named_or_publishes_to_but_not_other_steps(tmp_path):
+    recipe = tiny_recipe(tmp_path, validate={"accuracy": {"metric": "top1", "max_drop": 0.5}})
+    out = tmp_path / "out"
+    assert temper("run", recipe, "--output", out).returncode == 0
+    data = yaml.safe_load(recipe.read_text())
+    data.update(name="renamed", target="avx2", publish={"mlflow": {"registered_model": "elsewhere"}})
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    again = temper("validate", recipe, "--output", out)  # nothing that shapes a model changed
+    assert again.returncode == 0, again.stderr
+
+    data["candidates"]["fp16"]["steps"] = [{"fp16": {"keep_io_types": False}}]  # a step's option shapes its model
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    refused = temper("validate", recipe, "--output", out)
+    assert refused.returncode == 2, refused.stderr
+    assert one_line(refused) == (f"error: {recipe}: the models in {out} were built from a different model, data or "
+                                 "steps than this recipe now has: run `temper run` to rebuild them")
+
+
 # -- 5. start-up ------------------------------------------------------------------------------------
 
 def test_the_cli_and_the_serving_runtime_do_not_import_torch() -> None:

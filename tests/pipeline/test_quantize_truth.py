@@ -11,12 +11,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 import yaml
-from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import edit_recipe
+from tests.pipeline.steps.quantize_models import if_model
 from tests.unit.reports import read_report
 
 TEMPER = Path(sys.executable).with_name("temper")  # the console script installed beside this interpreter
@@ -27,36 +26,9 @@ def temper(*args: object) -> subprocess.CompletedProcess[str]:
                           env=dict(os.environ))
 
 
-def branchy_model(path: Path) -> Path:
-    """x[batch, 16] -> If(sum(x) > 0): every MatMul inside a branch, as Silero VAD keeps its compute."""
-    rng = np.random.default_rng(0)
-
-    def branch(name: str) -> onnx.GraphProto:
-        w1 = numpy_helper.from_array(rng.normal(0, 0.3, (16, 16)).astype(np.float32), f"{name}_w1")
-        w2 = numpy_helper.from_array(rng.normal(0, 0.3, (16, 4)).astype(np.float32), f"{name}_w2")
-        nodes = [helper.make_node("MatMul", ["x", w1.name], [f"{name}_h"], name=f"{name}_fc1"),
-                 helper.make_node("Relu", [f"{name}_h"], [f"{name}_r"], name=f"{name}_relu"),
-                 helper.make_node("MatMul", [f"{name}_r", w2.name], [f"{name}_y"], name=f"{name}_fc2")]
-        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT,
-                                                                                 ["batch", 4])], [w1, w2])
-
-    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], name="total", keepdims=0),
-             helper.make_node("Greater", ["total", "zero"], ["cond"], name="positive"),
-             helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=branch("then"),
-                              else_branch=branch("else"))]
-    graph = helper.make_graph(nodes, "branchy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-                              [numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(path))
-    return path
-
-
 def branchy_recipe(folder: Path, candidates: dict) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    branchy_model(folder / "branchy.onnx")
+    if_model(folder / "branchy.onnx")
     rng = np.random.default_rng(1)
     for name, rows in (("calib", 64), ("eval", 64)):
         np.savez(folder / f"{name}.npz", x=rng.normal(0, 1, (rows, 16)).astype(np.float32),
@@ -111,6 +83,28 @@ def test_a_quantize_step_that_quantized_nothing_fails_its_build_and_the_run_goes
     assert "Traceback" not in result.stderr
 
 
+def test_check_says_for_each_quantize_step_how_much_compute_subgraphs_keep_in_float(tmp_path):
+    recipe = branchy_recipe(tmp_path / "recipe", CANDIDATES)
+    result = temper("check", recipe)
+    assert result.returncode == 0, result.stderr  # a notice, not an error: the run would still gate fp16
+    notices = [line.strip() for line in result.stdout.splitlines() if line.strip().startswith("! ")]
+    said = ("4 of 4 compute nodes are inside If/Loop/Scan subgraphs, which ONNX Runtime's quantizer leaves in float: "
+            "this step will quantize nothing and its candidate will be rejected")
+    assert notices == [f"! candidates.{name}.steps[0].quantize: {said}"
+                       for name in ("int8-dynamic", "int8-static", "int8-fallback")], result.stdout
+
+
+def test_the_notice_counts_the_compute_outside_subgraphs_too(tmp_path):
+    from temper.pipeline.steps.quantize.census_check import subgraph_notice
+    from temper.validators.census import of_file
+    from tests.pipeline.steps.quantize_models import conv_net
+
+    assert subgraph_notice(of_file(conv_net(tmp_path / "net.onnx")), "ONNX Runtime's quantizer") is None
+    assert subgraph_notice(of_file(if_model(tmp_path / "mixed.onnx", head=True)), "ModelOpt") == (
+        "4 of 5 compute nodes are inside If/Loop/Scan subgraphs, which ModelOpt leaves in float: "
+        "only the other 1 can become INT8")
+
+
 def test_a_label_the_graph_contradicts_is_the_graphs_and_fails_the_precision_gate(branchy_run):
     _, report = branchy_run
     entry = report["candidates"]["fp16-in-name"]
@@ -141,7 +135,7 @@ def test_modelopt_that_quantized_nothing_fails_its_build_too(tmp_path):
     from temper.pipeline.steps.base import StepContext
     from temper.pipeline.steps.quantize import Quantize
 
-    src = branchy_model(tmp_path / "branchy.onnx")
+    src = if_model(tmp_path / "branchy.onnx")
     batches = [{"x": np.random.default_rng(s).normal(0, 1, (8, 16)).astype(np.float32)} for s in range(4)]
     (tmp_path / "scratch").mkdir()
     ctx = StepContext([], lambda: batches, lambda: batches[0], tmp_path / "scratch")

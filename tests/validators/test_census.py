@@ -3,42 +3,13 @@ and compute inside an If subgraph (which the quantizers leave alone)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_dynamic, quantize_static
 
 from temper.validators.census import census, of_file
-from tests.pipeline.steps.quantize_models import conv_net, gemm_mlp, images
-
-
-def if_model(path: Path) -> Path:
-    """x[2, 16] -> If(cond) with a MatMul + Conv-free MLP in each branch: all compute in subgraphs."""
-    rng = np.random.default_rng(0)
-
-    def branch(name: str, scale: float) -> onnx.GraphProto:
-        weight = numpy_helper.from_array((scale * rng.normal(0, 0.3, (16, 16))).astype(np.float32), f"{name}_w")
-        nodes = [helper.make_node("MatMul", ["x", f"{name}_w"], [f"{name}_h"], name=f"{name}_mm"),
-                 helper.make_node("Relu", [f"{name}_h"], [f"{name}_y"], name=f"{name}_relu")]
-        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT,
-                                                                                 [2, 16])], [weight])
-
-    nodes = [
-        helper.make_node("ReduceSum", ["x"], ["total"], name="total", keepdims=0),
-        helper.make_node("Greater", ["total", "zero"], ["cond"], name="positive"),
-        helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=branch("then", 1.0),
-                         else_branch=branch("else", -1.0)),
-    ]
-    graph = helper.make_graph(nodes, "if_net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16])],
-                              [numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(path))
-    return path
+from tests.pipeline.steps.quantize_models import conv_net, gemm_mlp, if_model, images
 
 
 class _Reader(CalibrationDataReader):
@@ -103,8 +74,8 @@ def test_fp16_compute_is_fp16_and_a_float_graph_that_only_casts_is_not(tmp_path)
 def test_compute_inside_an_if_is_counted_and_said_to_be_in_a_subgraph(tmp_path):
     src = if_model(tmp_path / "if.onnx")
     counted = of_file(src)
-    assert (counted.eligible, counted.fp32, counted.in_subgraphs, counted.quantized) == (2, 2, 2, 0)
-    assert counted.describe() == "2 eligible nodes: 0 quantized, 0 fp16, 2 fp32 (2 inside If/Loop/Scan subgraphs)"
+    assert (counted.eligible, counted.fp32, counted.in_subgraphs, counted.quantized) == (4, 4, 4, 0)
+    assert counted.describe() == "4 eligible nodes: 0 quantized, 0 fp16, 4 fp32 (4 inside If/Loop/Scan subgraphs)"
 
     dst = tmp_path / "dyn.onnx"
     quantize_dynamic(str(src), str(dst))  # ONNX Runtime's quantizer leaves the branches alone

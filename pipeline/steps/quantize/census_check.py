@@ -28,3 +28,15 @@ def require_quantized(path: Path, backend: str) -> Census:
             "or drop this candidate" if counted.in_subgraphs == counted.eligible
             else "exclude fewer nodes (exclude_nodes, exclude_op_types), or drop this candidate")
     raise StepFailed(f"quantize wrote no quantized node ({where}): {hint}")
+
+
+def subgraph_notice(counted: Census, backend: str) -> str | None:
+    """What `temper check` says before a quantize step runs on a graph with compute inside subgraphs (Silero
+    VAD keeps all of it in If branches): how much of it the quantizer will leave in float; None when none."""
+    if not counted.in_subgraphs:
+        return None
+    line = (f"{counted.in_subgraphs} of {counted.eligible} compute nodes are inside If/Loop/Scan subgraphs, "
+            f"which {backend} leaves in float")
+    if counted.in_subgraphs == counted.eligible:
+        return line + ": this step will quantize nothing and its candidate will be rejected"
+    return line + f": only the other {counted.eligible - counted.in_subgraphs} can become INT8"

@@ -20,7 +20,14 @@ from temper.artifacts.errors import OptionError, StepFailed, TemperError, first_
 from temper.artifacts.onnx_io import Batch
 from temper.pipeline.step_options import QuantizeOptions
 from temper.pipeline.steps.base import Step, StepContext, require_known
-from temper.pipeline.steps.quantize import census_check, fallback, quantize_dynamic, quantize_modelopt, quantize_static
+from temper.pipeline.steps.quantize import (
+    census_check,
+    fallback,
+    preprocess,
+    quantize_dynamic,
+    quantize_modelopt,
+    quantize_static,
+)
 
 BACKENDS = {"ort": "ONNX Runtime's quantizer", "modelopt": "ModelOpt"}
 
@@ -53,21 +60,18 @@ class Quantize(Step[QuantizeOptions]):
     def run(self, src: Path, dst: Path, options: QuantizeOptions, ctx: StepContext) -> None:
         structure = onnx_io.load_structure(src)
         large = needs_external_data(structure)
+        typed = _nodes_of_types(structure, options.exclude_op_types)
         if options.mode == "dynamic":
-            keep_float = sorted(set(options.exclude_nodes) | set(_nodes_of_types(structure, options.exclude_op_types)))
-            _library(
-                "ONNX Runtime dynamic quantization",
-                lambda: quantize_dynamic.quantize(src, dst, options, structure, keep_float, large),
-            )
+            _library("ONNX Runtime dynamic quantization",
+                     lambda: quantize_dynamic.quantize(src, dst, options, typed, ctx.scratch, large))
         elif options.backend == "ort":
             feeds = calibration_feeds(structure, ctx.calibration())
-            typed = _nodes_of_types(structure, options.exclude_op_types)
 
             def prepare(chosen: QuantizeOptions, scratch: Path = ctx.scratch) -> tuple[quantize_static.Prepared,
                                                                                       list[str]]:
                 scratch.mkdir(exist_ok=True)
                 prepared = quantize_static.prepare(src, chosen, feeds, scratch, large)
-                return prepared, quantize_static.follow_fusions(prepared.structure, chosen.exclude_nodes, typed)
+                return prepared, preprocess.follow_fusions(prepared.structure, chosen.exclude_nodes, typed)
 
             def configured(chosen: QuantizeOptions) -> tuple[quantize_static.Prepared, list[str]]:
                 """Another configuration's calibration, in a folder of its own (the first one's files stay)."""

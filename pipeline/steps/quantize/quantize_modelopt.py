@@ -34,7 +34,13 @@ def require() -> ModuleType:
 
 
 def validate(options: QuantizeOptions) -> None:
-    """ModelOpt's INT8 recipe is fixed (signed int8, weights per channel): refuse options it would ignore."""
+    """ModelOpt's INT8 recipe is fixed (signed int8, weights per channel): refuse options it would ignore.
+    A named preset first: it fills ONNX Runtime's settings (uint8 activations...), which would otherwise
+    be blamed on keys the user never wrote."""
+    if options.preset is not None:
+        raise OptionError("preset", f"preset {options.preset} sets ONNX Runtime's quantizer options; backend: "
+                                    "modelopt places and types its Q/DQ by TensorRT's rules itself: remove preset, "
+                                    "or use backend: ort")
     if options.calibration not in METHODS:
         methods = " or ".join(METHODS)
         raise OptionError(

@@ -1,4 +1,4 @@
-"""Static INT8 with ONNX Runtime: quant_pre_process, calibrate, quantize.
+"""Static INT8 with ONNX Runtime: quant_pre_process (preprocess.py), calibrate, quantize.
 
 We drive the calibrator ourselves because `quantize_static` passes no histogram size to it:
 Entropy then runs with 128 bins for 128 quantized bins, its only candidate threshold is the
@@ -8,7 +8,6 @@ full range, and the scales come out equal to MinMax. The ranges we compute go ba
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -26,12 +25,12 @@ from onnxruntime.quantization import (
     save_tensors_data,
 )
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
-from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import OptionError, StepFailed, first_line
 from temper.artifacts.onnx_io import Batch
 from temper.pipeline.step_options import QuantizeOptions
+from temper.pipeline.steps.quantize import failures, preprocess
 
 METHODS = {
     "minmax": CalibrationMethod.MinMax,
@@ -59,8 +58,9 @@ def validate(options: QuantizeOptions) -> None:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A pre-processed float model and its calibrated ranges: what any number of quantized variants
-    (the fallback's trials) share, so each trial costs one graph rewrite and no calibration."""
+    """The float model the quantizer reads (pre-processed unless `preprocess: false`) and its calibrated
+    ranges: what any number of quantized variants (the fallback's trials) share, so each trial costs one
+    graph rewrite and no calibration."""
 
     model: Path
     ranges: Path
@@ -82,30 +82,26 @@ PER_CHANNEL_OPSET = 13  # DequantizeLinear's `axis` (per-channel scales) arrived
 
 def prepare(src: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Path, large: bool) -> Prepared:
     src = _upgraded(src, scratch, large) if options.per_channel else src
-    pre = scratch / "preprocessed.onnx"
-    # auto_merge: symbolic shape inference otherwise stops at BERT-style attention reshapes
-    # ("Incomplete symbolic shape inference" on MiniLM); merging equal symbolic dims is safe here.
-    # chdir: when shape inference gives up it saves a debug model into the working folder.
-    with contextlib.chdir(scratch):
-        quant_pre_process(str(src.resolve()), str(pre.resolve()), auto_merge=True, save_as_external_data=large)
-    calibrator = create_calibrator(
-        pre,
-        op_types(options),
-        augmented_model_path=str(scratch / "augmented.onnx"),
-        calibrate_method=METHODS[options.calibration],
-        use_external_data_format=large,
-        extra_options={"num_bins": options.num_bins, "percentile": options.percentile,
-                       "symmetric": options.symmetric_activations},
-    )
-    batch_dims = [shape[0] if shape else None for shape in onnx_io.dims(onnx_io.load_structure(pre)).values()]
-    exact = options.calibration == "minmax" and not any(isinstance(dim, int) for dim in batch_dims)
-    rows = CALIBRATION_ROWS_PER_CALL if exact else None
-    for feed in feeds:  # a few rows per call: every activation of a call is held at once
-        for part in _in_parts(feed, rows):
-            calibrator.collect_data(_Reader([part]))
+    model = preprocess.pre_process(src, scratch, large) if options.preprocess else src
     ranges = scratch / "ranges.json"
-    save_tensors_data(calibrator.compute_data(), ranges)
-    return Prepared(pre, ranges, large)
+    with failures.stage("calibration", failures.keep_float(options.preprocess)):
+        calibrator = create_calibrator(
+            model,
+            op_types(options),
+            augmented_model_path=str(scratch / "augmented.onnx"),
+            calibrate_method=METHODS[options.calibration],
+            use_external_data_format=large,
+            extra_options={"num_bins": options.num_bins, "percentile": options.percentile,
+                           "symmetric": options.symmetric_activations},
+        )
+        batch_dims = [shape[0] if shape else None for shape in onnx_io.dims(onnx_io.load_structure(model)).values()]
+        exact = options.calibration == "minmax" and not any(isinstance(dim, int) for dim in batch_dims)
+        rows = CALIBRATION_ROWS_PER_CALL if exact else None
+        for feed in feeds:  # a few rows per call: every activation of a call is held at once
+            for part in _in_parts(feed, rows):
+                calibrator.collect_data(_Reader([part]))
+        save_tensors_data(calibrator.compute_data(), ranges)
+    return Prepared(model, ranges, large)
 
 
 def _upgraded(src: Path, scratch: Path, large: bool) -> Path:
@@ -128,22 +124,23 @@ def _upgraded(src: Path, scratch: Path, large: bool) -> Path:
 
 def write(prepared: Prepared, dst: Path, options: QuantizeOptions, keep_float: list[str]) -> None:
     """The quantized model with `keep_float` (node names of the pre-processed graph) left in float."""
-    quantize_static(
-        str(prepared.model),
-        str(dst),
-        None,
-        quant_format=FORMATS[options.format],
-        op_types_to_quantize=op_types(options),
-        per_channel=options.per_channel,
-        reduce_range=options.reduce_range,
-        activation_type=QUANT_TYPES[options.activation_type],
-        weight_type=QUANT_TYPES[options.weight_type],
-        nodes_to_exclude=keep_float,
-        use_external_data_format=prepared.large,
-        calibrate_method=METHODS[options.calibration],
-        calibration_cache_path=prepared.ranges,
-        extra_options=extra_options(options),
-    )
+    with failures.stage("quantize_static", failures.keep_float(options.preprocess)):
+        quantize_static(
+            str(prepared.model),
+            str(dst),
+            None,
+            quant_format=FORMATS[options.format],
+            op_types_to_quantize=op_types(options),
+            per_channel=options.per_channel,
+            reduce_range=options.reduce_range,
+            activation_type=QUANT_TYPES[options.activation_type],
+            weight_type=QUANT_TYPES[options.weight_type],
+            nodes_to_exclude=keep_float,
+            use_external_data_format=prepared.large,
+            calibrate_method=METHODS[options.calibration],
+            calibration_cache_path=prepared.ranges,
+            extra_options=extra_options(options),
+        )
 
 
 def op_types(options: QuantizeOptions) -> list[str]:
@@ -158,33 +155,6 @@ def extra_options(options: QuantizeOptions) -> dict[str, Any]:
     if options.dedicated_qdq_pairs:
         extra |= {"AddQDQPairToWeight": True, "DedicatedQDQPair": True}
     return extra
-
-
-def follow_fusions(model: onnx.ModelProto, named: list[str], typed: list[str]) -> list[str]:
-    """Map node names of the input graph onto the pre-processed one.
-
-    quant_pre_process runs ONNX Runtime's basic fusions: the surviving node is renamed
-    `<name>/<Fusion>` (MatMul `fc` + Add -> Gemm `fc/MatMulAddFusion`) and absorbed nodes
-    vanish. A named node that vanished cannot stay float on its own, so we say so.
-    """
-    present = [node.name for node in model.graph.node]
-
-    def follow(name: str) -> list[str]:
-        return [name] if name in present else [p for p in present if p.startswith(name + "/")]
-
-    keep: list[str] = []
-    for index, name in enumerate(named):
-        found = follow(name)
-        if not found:
-            raise OptionError(
-                f"exclude_nodes[{index}]",
-                f"node '{name}' is merged into a neighbour by quant_pre_process (ONNX Runtime's basic fusions), "
-                "so it cannot stay float on its own; exclude the node it merges into",
-            )
-        keep += found
-    for name in typed:
-        keep += follow(name)
-    return sorted(set(keep))
 
 
 def _in_parts(feed: Batch, rows: int | None) -> list[Batch]:

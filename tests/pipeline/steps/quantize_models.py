@@ -1,5 +1,6 @@
-"""Tiny real ONNX models and helpers the quantize step's tests share: a conv net, a Gemm MLP, image-like
-and heavy-tailed batches, and running the step as the runner does."""
+"""Tiny real ONNX models and helpers the quantize step's tests share: a conv net, a Gemm MLP, a model with all
+its compute inside If branches, two models ONNX Runtime's quantization tools fail on, image-like and
+heavy-tailed batches, and running the step as the runner does."""
 
 from __future__ import annotations
 
@@ -77,6 +78,60 @@ def gemm_mlp(path: Path) -> Path:
         helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="fc2", transB=1),
     ]
     return save_model(nodes, inits, ["batch", 100], ["batch", 10], path)
+
+
+def if_model(path: Path, head: bool = False) -> Path:
+    """x[batch, 16] -> If(sum(x) > 0): every MatMul inside a branch, as Silero VAD keeps its compute.
+    `head`: a MatMul on x before the If, the one compute node outside the branches."""
+    rng = np.random.default_rng(0)
+    inner = "h0" if head else "x"
+
+    def branch(name: str) -> onnx.GraphProto:
+        w1 = _init(f"{name}_w1", rng.normal(0, 0.3, (16, 16)))
+        w2 = _init(f"{name}_w2", rng.normal(0, 0.3, (16, 4)))
+        nodes = [helper.make_node("MatMul", [inner, w1.name], [f"{name}_h"], name=f"{name}_fc1"),
+                 helper.make_node("Relu", [f"{name}_h"], [f"{name}_r"], name=f"{name}_relu"),
+                 helper.make_node("MatMul", [f"{name}_r", w2.name], [f"{name}_y"], name=f"{name}_fc2")]
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT,
+                                                                                 ["batch", 4])], [w1, w2])
+
+    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], name="total", keepdims=0),
+             helper.make_node("Greater", ["total", "zero"], ["cond"], name="positive"),
+             helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=branch("then"),
+                              else_branch=branch("else"))]
+    inits = [_init("zero", np.array(0.0))]
+    if head:
+        nodes.insert(0, helper.make_node("MatMul", ["x", "w0"], ["h0"], name="head"))
+        inits.append(_init("w0", rng.normal(0, 0.3, (16, 16))))
+    return save_model(nodes, inits, ["batch", 16], ["batch", 4], path)
+
+
+def constant_weight_conv(path: Path) -> Path:
+    """x[batch, 1, 8, 8] -> Conv whose weight a Constant node makes: not an initializer until constants are
+    folded, so ONNX Runtime's dynamic quantizer raises "Expected w to be an initializer" on it as it is."""
+    weight = numpy_helper.from_array(np.random.default_rng(2).normal(0, 0.3, (4, 1, 3, 3)).astype(np.float32))
+    nodes = [helper.make_node("Constant", [], ["w"], value=weight, name="weight"),
+             helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", pads=[1, 1, 1, 1])]
+    return save_model(nodes, [_init("b", np.zeros(4))], ["batch", 1, 8, 8], ["batch", 4, 8, 8], path)
+
+
+def runtime_axes_model(path: Path) -> Path:
+    """x[batch, 16] -> MatMul -> ReduceSum over axes computed at run time, keepdims 0 -> y[batch, 1]. ONNX
+    Runtime runs it; its symbolic shape inference (quant_pre_process) asserts, with no message, that it can
+    only reduce over unknown axes when dims are kept."""
+    rng = np.random.default_rng(3)
+    ints = [numpy_helper.from_array(np.array(value, np.int64), name)
+            for name, value in (("one", 1), ("first", [0]), ("second", [1]))]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+             helper.make_node("Mul", ["x", "zero"], ["zeros"], name="zeros"),
+             helper.make_node("ReduceMin", ["zeros"], ["nought"], keepdims=0, name="nought"),
+             helper.make_node("Cast", ["nought"], ["index"], to=TensorProto.INT64, name="index"),
+             helper.make_node("Add", ["index", "one"], ["axis"], name="axis"),  # 1, known only at run time
+             helper.make_node("Unsqueeze", ["axis", "first"], ["axes"], name="axes"),
+             helper.make_node("ReduceSum", ["h", "axes"], ["total"], keepdims=0, name="sum_runtime_axes"),
+             helper.make_node("Unsqueeze", ["total", "second"], ["y"], name="column")]
+    inits = [_init("w", rng.normal(0, 0.3, (16, 8))), _init("zero", np.array(0.0)), *ints]
+    return save_model(nodes, inits, ["batch", 16], ["batch", 1], path)
 
 
 def images(seed: int, rows: int = 16) -> Batch:

@@ -107,3 +107,25 @@ def test_unchecked_result_that_onnxruntime_rejects_fails_the_step(tmp_path: Path
     with pytest.raises(StepFailed, match=r"^simplify: .*does not load in onnxruntime: .*mismatched"):
         STEP.run(src, tmp_path / "simple.onnx", SimplifyOptions(check_n=0),
                  make_context({"x": np.ones((2, 4), np.float32)}))
+
+
+def test_a_failure_inside_an_if_branch_names_the_node_and_the_way_out(tmp_path: Path, make_context) -> None:
+    """onnx's checker reports a branch out of order over three lines, the node on the second: the line keeps it
+    (onnxsim broke Silero VAD's inlined If this way; here the branch comes out of order, the same error)."""
+    weight = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    then = helper.make_graph(  # Relu before the MatMul whose output it reads
+        [helper.make_node("Relu", ["h"], ["t"], name="then_relu"), helper.make_node("MatMul", ["x", "w"], ["h"])],
+        "then", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, ["batch", 4])], [weight])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, ["batch", 4])])
+    src = _graph_model([helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+                        helper.make_node("Greater", ["s", "zero"], ["c"]),
+                        helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then, else_branch=other)],
+                       [numpy_helper.from_array(np.array(0.0, np.float32), "zero")], tmp_path / "unsorted.onnx")
+    with pytest.raises(StepFailed) as err:
+        STEP.run(src, tmp_path / "simple.onnx", SimplifyOptions(), make_context({"x": np.ones((2, 4), np.float32)}))
+    message = str(err.value)
+    assert message.startswith("simplify: onnx-simplifier failed: RuntimeError: Nodes in a graph must be "
+                              "topologically sorted, however input 'h' of node: name: then_relu OpType: Relu is not "
+                              "output of any previous nodes; remove this simplify step (the cost: "), message
+    assert "\n" not in message

@@ -143,15 +143,15 @@ def export_triton(
              "OUTPUT/CANDIDATE, or models:/NAME@ALIAS or models:/NAME/VERSION", show_default=False)],
     dest: Annotated[Path, typer.Option("--dest", help="Triton model repository to write into")],
     instances: Annotated[int, typer.Option("--instances", min=1, help="model instances per device")] = 1,
-    kind: Annotated[str, typer.Option("--kind", help="KIND_AUTO, KIND_GPU or KIND_CPU (no GPU asked of the "
-                                                     "cluster)")] = "KIND_AUTO",
+    kind: Annotated[str, typer.Option("--kind", help="KIND_AUTO, KIND_GPU or KIND_CPU; the cluster's pods ask for "
+                                                     "one GPU unless KIND_CPU")] = "KIND_AUTO",
     image: Annotated[str, typer.Option("--image", help="Triton container image the cluster runs")] = IMAGE,
     storage_uri: Annotated[str, typer.Option(
-        "--storage-uri", help="where the cluster finds this repository: pvc://CLAIM[/PATH], s3://BUCKET[/PATH] "
-                              "or gs://BUCKET[/PATH]")] = STORAGE_URI,
+        "--storage-uri", help="where the cluster finds this repository: pvc://CLAIM, s3://BUCKET or gs://BUCKET, "
+                              "each with an optional /PATH")] = STORAGE_URI,
     manifests: Annotated[Path | None, typer.Option(
         "--manifests", help="folder for the Kubernetes and KServe manifests, one subfolder per model "
-                            "[default: DEST-kubernetes beside DEST]", show_default=False)] = None,
+                            "(default: DEST-kubernetes, beside DEST)", show_default=False)] = None,
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Write a Triton model repository (config.pbtxt with dynamic batching and warm-up) for a model, and the

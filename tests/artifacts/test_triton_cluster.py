@@ -312,3 +312,10 @@ def test_export_triton_writes_manifests_only_into_a_folder_of_its_own(temper, ti
     assert "with 1 GPU" not in done.stdout
     deployment = yaml.safe_load((elsewhere / MODEL / "deployment.yaml").read_text())
     assert "resources" not in _container(deployment)
+
+
+def test_export_triton_help_shows_the_cluster_options(temper) -> None:
+    result = temper("export-triton", "--help")
+    assert result.code == 0, result.stderr
+    for option in ("--storage-uri", "--image", "--manifests"):  # rich markup in a help text can crash --help
+        assert option in result.stdout, option

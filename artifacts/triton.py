@@ -20,10 +20,13 @@ The session settings the speed gates measured with (runtime.json `session`) beco
 `intra_op_thread_count`, `execution_mode` and `optimization.graph.level`; intra-op spinning has no
 backend setting, so Triton's sessions spin as ONNX Runtime does by default.
 
-Two differences from temper's own batcher worth knowing: Triton waits up to
-`max_queue_delay_microseconds` for a full batch even when nothing else is queued (delay is
-pure latency at concurrency 1; set `max_delay_ms: 0` where that matters), and its queue
-timeout covers time spent queued, not execution.
+What serves differently on Triton than on `temper serve` (`differences` says it for a given model):
+Triton waits up to `max_queue_delay_microseconds` for a full batch even when nothing else is queued
+(delay is pure latency at concurrency 1; set `max_delay_ms: 0` where that matters), its queue
+timeout covers time spent queued, not execution, and it has no padding: runtime.json's `pad` is
+not carried over, and Triton batches only requests of one shape.
+
+`triton_cluster` writes the Kubernetes and KServe resources that run such a repository.
 """
 
 from __future__ import annotations
@@ -61,19 +64,20 @@ class _Enum(str):
     """A text-format enum value: written bare, not quoted."""
 
 
-def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = "KIND_AUTO") -> Path:
+def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = "KIND_AUTO",
+                      config: ServingConfig | None = None) -> Path:
     """Write a Triton model repository: dest/<config.name>/config.pbtxt and dest/<name>/1/model.onnx
     (plus external data if any). Returns the model folder; an existing one is replaced only when
-    temper wrote it (its marker), since the name comes from the bundle, not from the user."""
-    config = read(bundle)
+    temper wrote it (its marker), since the name comes from the bundle, not from the user.
+
+    `bundle` is a serving bundle (its runtime.json is the config), or, with `config`, any folder
+    holding model.onnx: a model of a run's output folder, with the options publishing would give it."""
+    config = config or read(bundle)
     if kind not in KINDS:
         raise ValueError(f"instance kind {kind!r} is not one of {', '.join(KINDS)}")
     if instances < 1:
         raise ValueError(f"instances must be >= 1, got {instances}")
-    name = config.name
-    if not MODEL_NAME.fullmatch(name):
-        raise ValueError(f"model name {name!r} in {BUNDLE_CONFIG} cannot be a Triton model folder name: "
-                         "use letters, digits, _, - and ., not starting with .")
+    name = folder_name(config.name)
     folder = dest / name
     if not replaceable(folder):
         raise FileExistsError(f"{folder} exists and temper did not write it (no {MARKER} marker): "
@@ -101,6 +105,14 @@ def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def folder_name(name: str) -> str:
+    """`name` when it can be a Triton model folder (and the cluster manifests' folder); ValueError otherwise."""
+    if not MODEL_NAME.fullmatch(name):
+        raise ValueError(f"model name {name!r} in {BUNDLE_CONFIG} cannot be a Triton model folder name: "
+                         "use letters, digits, _, - and ., not starting with .")
+    return name
 
 
 def _external_data(bundle: Path) -> list[Path]:
@@ -132,10 +144,30 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                 yield from _tensors(sub)
 
 
+def batches(config: ServingConfig) -> bool:
+    """Whether Triton can batch the model: every input and output has a dynamic first dim."""
+    return all(spec.shape and spec.shape[0] == -1 for spec in [*config.inputs, *config.outputs])
+
+
+def differences(config: ServingConfig) -> list[str]:
+    """What this model does differently on Triton than under `temper serve`, one phrase each."""
+    if not batches(config):
+        return ["its first dim is fixed, so Triton does not batch it: max_batch_size, max_delay_ms, max_queue "
+                "and timeout_s do not apply"]
+    found = []
+    if config.max_delay_ms > 0:
+        found.append(f"a lone request waits the full {config.max_delay_ms:g} ms max_queue_delay for a batch "
+                     "(temper serve waits only while concurrent clients keep arriving)")
+    found.append(f"the {config.timeout_s:g} s timeout covers time queued only, not execution")
+    if config.pad:
+        found.append(f"no padding ({', '.join(config.pad)}): Triton batches only requests of one shape, so "
+                     "requests of other lengths run in separate batches (pad on the client to batch them)")
+    return found
+
+
 def _model_config(config: ServingConfig, platform: str, instances: int, kind: str) -> dict:
     """ModelConfig (model_config.proto) as nested dicts, in the writer's terms."""
-    tensors = [*config.inputs, *config.outputs]
-    batching = all(spec.shape and spec.shape[0] == -1 for spec in tensors)
+    batching = batches(config)
     fields: dict = {
         "name": config.name,
         "platform": platform,

@@ -16,6 +16,7 @@ import typer
 from rich.text import Text
 
 from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line
+from temper.artifacts.triton_cluster import IMAGE, STORAGE_URI
 from temper.pipeline.cli.common import TrackingOpt, app, err, out
 
 if TYPE_CHECKING:
@@ -137,25 +138,60 @@ def serve(
 
 @app.command("export-triton")
 def export_triton(
-    model: Annotated[str, typer.Argument(help="a serving bundle folder or models:/NAME@ALIAS")],
+    model: Annotated[str, typer.Argument(
+        help="what `temper serve` takes: a serving bundle folder, a run's output folder (its selected model) or "
+             "OUTPUT/CANDIDATE, or models:/NAME@ALIAS or models:/NAME/VERSION", show_default=False)],
     dest: Annotated[Path, typer.Option("--dest", help="Triton model repository to write into")],
     instances: Annotated[int, typer.Option("--instances", min=1, help="model instances per device")] = 1,
-    kind: Annotated[str, typer.Option("--kind", help="KIND_AUTO, KIND_GPU or KIND_CPU")] = "KIND_AUTO",
+    kind: Annotated[str, typer.Option("--kind", help="KIND_AUTO, KIND_GPU or KIND_CPU; the cluster's pods ask for "
+                                                     "one GPU unless KIND_CPU")] = "KIND_AUTO",
+    image: Annotated[str, typer.Option("--image", help="Triton container image the cluster runs")] = IMAGE,
+    storage_uri: Annotated[str, typer.Option(
+        "--storage-uri", help="where the cluster finds this repository: pvc://CLAIM, s3://BUCKET or gs://BUCKET, "
+                              "each with an optional /PATH")] = STORAGE_URI,
+    manifests: Annotated[Path | None, typer.Option(
+        "--manifests", help="folder for the Kubernetes and KServe manifests, one subfolder per model "
+                            "(default: DEST-kubernetes, beside DEST)", show_default=False)] = None,
     tracking_uri: TrackingOpt = None,
 ) -> None:
-    """Write a Triton model repository (config.pbtxt with dynamic batching and warm-up) for a published model."""
-    from temper.artifacts.triton import export_repository
+    """Write a Triton model repository (config.pbtxt with dynamic batching and warm-up) for a model, and the
+    Kubernetes Deployment, Service and KServe InferenceService that run it on a cluster."""
+    from temper.artifacts.bundle import read
+    from temper.artifacts.triton import differences, export_repository
+    from temper.artifacts.triton_cluster import FILES, BadSetting, Cluster, writable, write_manifests
 
-    with _bundle(model, tracking_uri) as (folder, unchecked):
-        try:
-            written = export_repository(folder, dest, instances=instances, kind=kind)
-        except Exception as exc:  # not a bundle, a bad --kind, a foreign folder in the way
+    try:  # before anything is read or written
+        cluster = Cluster(image, storage_uri, gpu=kind != "KIND_CPU")
+    except BadSetting as exc:
+        raise RecipeError(model, f"--{exc.field.replace('_', '-')}", str(exc)) from None
+    beside = manifests or _beside(dest)
+    with _located(model, tracking_uri) as (folder, config, unchecked):
+        try:  # not a bundle, a bad --kind, a foreign folder in the way: refused before either folder is written
+            config = config or read(folder)
+            writable(beside, config.name)
+            written = export_repository(folder, dest, instances=instances, kind=kind, config=config)
+            cluster_folder = write_manifests(beside, config.name, cluster)
+        except Exception as exc:
             raise RecipeError(model, "MODEL", first_line(exc)) from exc
     _warn(unchecked)  # once it is done: an error stays the one line it is
-    out.print(f"wrote Triton model {written.name} to {dest}:")
+    out.print(Text(f"wrote Triton model {written.name} to {dest}:"), soft_wrap=True)
     for item in sorted(written.rglob("*")):
         if item.is_file():
-            out.print(f"  {item.relative_to(dest)}  {item.stat().st_size:,} bytes")
+            out.print(Text(f"  {item.relative_to(dest)}  {item.stat().st_size:,} bytes"), soft_wrap=True)
+    out.print(Text(f"wrote what a cluster needs to run it from {storage_uri} on {image}"
+                   f"{' with 1 GPU' if cluster.gpu else ''} to {cluster_folder}:"), soft_wrap=True)
+    for file, what in FILES.items():
+        out.print(Text(f"  {file}  {what}"), soft_wrap=True)
+    out.print("unlike temper serve, on Triton:")
+    for difference in differences(config):
+        out.print(Text(f"  {difference}"), soft_wrap=True)
+
+
+def _beside(dest: Path) -> Path:
+    """DEST-kubernetes, in the folder that holds DEST: beside the repository, never in it (Triton would take
+    a folder there for a model)."""
+    named = dest if dest.name not in ("", ".", "..") else dest.resolve()
+    return named.with_name(f"{named.name or 'repository'}-kubernetes")
 
 
 def _warn(text: str | None) -> None:
@@ -199,23 +235,9 @@ def _checked(folder: Path, shown_as: str, remedy: str) -> str | None:
 
 
 @contextmanager
-def _bundle(model: str, tracking: str | None) -> Iterator[tuple[Path, str | None]]:
-    """A bundle folder as given (checked against its manifest), or a models:/ URI's bundle fetched for the
-    block's length; and why its model is unchecked, or None."""
-    from temper.artifacts.bundle import CONFIG
-
-    if not model.startswith("models:/"):
-        unchecked = _checked(Path(model), model.rstrip("/"), PULL_AGAIN) if (Path(model) / CONFIG).is_file() else None
-        yield Path(model), unchecked
-        return
-    with _fetched(model, tracking, "MODEL") as (folder, *_, unchecked):
-        yield folder, unchecked
-
-
-@contextmanager
 def _located(model: str, tracking: str | None) -> Iterator[tuple[Path, ServingConfig | None, str | None]]:
-    """What `temper serve MODEL` serves: (model folder, its ServingConfig or None to read runtime.json, why its
-    model is unchecked or None)."""
+    """What `temper serve MODEL` serves and `temper export-triton MODEL` exports: (model folder, its ServingConfig
+    or None to read runtime.json, why its model is unchecked or None)."""
     from temper.artifacts.integrity import Mismatch
     from temper.pipeline.outputs import servable
 

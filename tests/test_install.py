@@ -38,6 +38,7 @@ def test_pyproject_installs_every_package_folder_under_temper() -> None:
     assert setuptools["package-dir"] == {f"temper.{top}": top for top in FOLDERS}
 
 
+@pytest.mark.slow
 def test_a_factory_imports_the_users_own_pipeline_package(digits_dir: Path, tmp_path: Path) -> None:
     """The installed console script, run where a user runs it: the recipe folder holds a package
     named `pipeline`, and the factory's `from pipeline import build_net` gets the user's."""
@@ -79,6 +80,7 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"temper": next(folder.glob("temper_ml-*.whl")), "validators": next(folder.glob("validators-*.whl"))}
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_nothing_outside_temper(wheels: dict[str, Path]) -> None:
     names = zipfile.ZipFile(wheels["temper"]).namelist()
     tops = {name.split("/")[0] for name in names}

@@ -25,6 +25,7 @@ def _client(uri: str) -> MlflowClient:
     return MlflowClient(uri, uri)
 
 
+@pytest.mark.slow
 def test_publish_registers_the_selected_candidate_once(temper, gated_digits, tmp_path, tracking_store):
     # Reuse needs both runs to select the same model: by size, which noise cannot change (a speed
     # selection on a busy host may pick another candidate the second time, and rightly publish it anew).
@@ -76,6 +77,7 @@ def test_publish_registers_the_selected_candidate_once(temper, gated_digits, tmp
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_when_no_candidate_passes_the_baseline_is_published_with_the_reason(temper, gated_digits, tmp_path,
                                                                             tracking_store):
     edit_recipe(gated_digits, lambda d: d["validate"]["throughput"].update(min_speedup=50.0))
@@ -91,6 +93,7 @@ def test_when_no_candidate_passes_the_baseline_is_published_with_the_reason(temp
     assert "int8-dynamic.cpu.b32.speedup" in runs[0].data.metrics
 
 
+@pytest.mark.slow
 def test_the_measuring_host_travels_with_the_published_model(temper, gated_digits, tmp_path, tracking_store):
     from temper.artifacts.host import profile
 
@@ -111,6 +114,7 @@ def test_the_measuring_host_travels_with_the_published_model(temper, gated_digit
     assert runtime["measured_on"] == report["host"]
 
 
+@pytest.mark.slow
 def test_promote_and_pull(temper, gated_digits, tmp_path, tracking_store):
     assert temper("run", gated_digits, "--output", tmp_path / "out").code == 0
     promoted = temper("promote", "digits-cnn", "1", "--alias", "champion")

@@ -44,6 +44,7 @@ def test_temper_serve_a_bundle_folder(tiny: Path, reference: ort.InferenceSessio
     assert "127.0.0.1" in stdout and f"/v2/models/{MODEL}" in stdout
 
 
+@pytest.mark.slow
 def test_temper_serve_a_registered_model(temper, tiny: Path, reference: ort.InferenceSession, tracking_store: str,
                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Also the unknown-alias error, in the same store: creating an MLflow sqlite store takes seconds."""

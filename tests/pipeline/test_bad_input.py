@@ -47,6 +47,7 @@ def factory_recipe(digits_dir: Path) -> Path:
     return digits_dir / "digits-cnn.yaml"
 
 
+@pytest.mark.slow
 def test_a_factory_that_calls_sys_exit_0_is_bad_input_not_a_pass(factory_recipe, tmp_path):
     (factory_recipe.parent / "digits_model.py").write_text("import sys\n\ndef build():\n    sys.exit(0)\n")
     out = tmp_path / "out"
@@ -92,6 +93,7 @@ def test_check_finds_top1_on_an_embedding(tmp_path):
     _bad(_temper("check", recipe), recipe, "validate.accuracy.metric", "cosine or probe")
 
 
+@pytest.mark.slow
 def test_run_refuses_a_batch_size_that_cannot_fit_before_building(tmp_path):
     recipe = _tiny(tmp_path, {"throughput": {"batch_sizes": [1, 1_000_000_000_000], "duration_s": 0.2}})
     out = tmp_path / "out"
@@ -101,6 +103,7 @@ def test_run_refuses_a_batch_size_that_cannot_fit_before_building(tmp_path):
     _bad(_temper("check", recipe), recipe, "validate.throughput.batch_sizes[1]", "GiB")
 
 
+@pytest.mark.slow
 def test_an_unreachable_mlflow_store_is_found_before_building(tmp_path):
     data = _recipe(tmp_path, {"accuracy": {"metric": "top1", "max_drop": 0.1}})
     data["publish"] = {"mlflow": {"registered_model": "tiny"}}

@@ -18,6 +18,7 @@ from tests.conftest import edit_recipe
 from tests.unit.reports import read_report
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_a_relative_cache_folder_still_builds_static_int8(temper, digits_dir, monkeypatch, how):
     recipe = digits_dir / "digits-cnn.yaml"

@@ -273,6 +273,7 @@ def test_the_cli_and_the_serving_runtime_do_not_import_torch() -> None:
 
 # -- 6. noise and labels ----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_publishing_prints_no_library_logs_or_warnings(tmp_path: Path) -> None:
     recipe = tiny_recipe(tmp_path, validate={"accuracy": {"metric": "top1", "max_drop": 0.5}},
                          publish={"mlflow": {"registered_model": "tiny", "alias": "candidate"}})
@@ -293,6 +294,7 @@ def test_each_shared_step_is_reported_once(tmp_path: Path) -> None:
         assert len(shared) == 1 and shared[0].endswith("cached") == (attempt == "cached"), result.stderr
 
 
+@pytest.mark.slow
 def test_promote_names_the_argument_that_is_wrong(tracking_store: str) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -314,6 +316,7 @@ def test_promote_tells_a_store_that_does_not_answer_from_a_wrong_name(tmp_path: 
     assert one_line(absent).startswith("error: the MLflow store http://127.0.0.1:1 does not answer"), absent.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["pull", "--dest", "bundle"], ["serve", "--port", "0"],
                                      ["export-triton", "--dest", "repo"]])
 def test_registry_commands_tell_an_unknown_model_from_a_store_that_does_not_answer(command, tmp_path):

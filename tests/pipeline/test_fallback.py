@@ -54,6 +54,7 @@ def test_sqnr_is_signal_over_noise_in_db_and_a_nan_the_float_model_lacks_is_the_
     assert np.isfinite(_sqnr(big, big * 0.99))
 
 
+@pytest.mark.slow
 def test_sensitivity_ranks_digits_nodes_most_harmful_first(temper, gated_digits):
     result = temper("sensitivity", gated_digits, "--candidate", "int8-static", "--json")
     assert result.code == 0, result.stderr
@@ -67,6 +68,7 @@ def test_sensitivity_ranks_digits_nodes_most_harmful_first(temper, gated_digits)
     assert [row.split("│")[2].strip() for row in rows] == [ranking[0]["node"], ranking[1]["node"]]
 
 
+@pytest.mark.slow
 def test_a_budget_the_fallback_cannot_meet_keeps_the_best_model_and_reports_every_trial(temper, gated_digits, tmp_path):
     _unreachable_budget(gated_digits, per_channel=True, fallback={"max_trials": 3})
     out = tmp_path / "out"
@@ -126,6 +128,7 @@ def test_on_minilm_plain_static_int8_misses_the_budget_and_the_fallback_meets_it
     assert top["sqnr_db"] == sensitivity.BROKEN_DB and "/attention/self/" in top["node"]
 
 
+@pytest.mark.slow
 def test_refine_measures_each_top_suspect_alone_before_accumulating(temper, gated_digits, tmp_path):
     _unreachable_budget(gated_digits, fallback={"max_trials": 4, "refine": 2})
     out = tmp_path / "out"
@@ -151,6 +154,7 @@ def test_a_block_mostly_in_float_goes_float_whole():
     assert _whole_blocks(["a"], {"/l.0": ["a"]}) == ["a"]
 
 
+@pytest.mark.slow
 def test_with_one_trial_the_plain_model_is_kept_and_the_ranking_still_reported(temper, gated_digits, tmp_path):
     _unreachable_budget(gated_digits, fallback={"max_trials": 1})
     out = tmp_path / "out"
@@ -160,6 +164,7 @@ def test_with_one_trial_the_plain_model_is_kept_and_the_ranking_still_reported(t
     assert tuning["ranking"], "the ranking tells the user what to exclude by hand"
 
 
+@pytest.mark.slow
 def test_the_fallback_is_rebuilt_when_a_gate_it_aims_at_changes_and_cached_otherwise(temper, gated_digits, tmp_path):
     _unreachable_budget(gated_digits, fallback={"max_trials": 1})
     out = tmp_path / "out"
@@ -300,6 +305,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
 """
 
 
+@pytest.mark.slow
 def test_the_ranking_holds_about_chunk_bytes_of_activations_not_the_whole_model(tmp_path):
     """A chain of 8 Mul whose activations are 32 MiB for the batch ranked: all at once is 8 x 3
     tensors (the QDQ model's before and after each Q/DQ pair, the float model's) = 768 MiB; in 64 MiB

@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from temper.artifacts import versions
 from tests.conftest import edit_recipe
 
@@ -24,6 +26,7 @@ def _one_line(stderr: str) -> str:
     return line
 
 
+@pytest.mark.slow
 def test_validate_refuses_a_model_file_the_manifest_does_not_record(temper, gated_digits, tmp_path):
     edit_recipe(gated_digits, lambda d: d.pop("publish"))
     out = tmp_path / "out"
@@ -38,6 +41,7 @@ def test_validate_refuses_a_model_file_the_manifest_does_not_record(temper, gate
     assert (out / "report.json").read_bytes() == report  # nothing was gated, nothing rewritten
 
 
+@pytest.mark.slow
 def test_validate_model_rechecks_a_published_version_with_its_recorded_gates(temper, gated_digits, tmp_path,
                                                                              tracking_store):
     _speed_not_decisive(gated_digits)
@@ -79,6 +83,7 @@ def test_validate_model_rechecks_a_published_version_with_its_recorded_gates(tem
         "was published with"), line
 
 
+@pytest.mark.slow
 def test_validate_model_refuses_a_changed_copy_in_the_store(temper, gated_digits, tmp_path, tracking_store):
     _speed_not_decisive(gated_digits)
     out = tmp_path / "out"

@@ -64,6 +64,7 @@ def branchy_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Co
     return result, read_report(folder / "out")
 
 
+@pytest.mark.slow
 def test_a_quantize_step_that_quantized_nothing_fails_its_build_and_the_run_goes_on(branchy_run):
     result, report = branchy_run
     assert result.returncode == 0, result.stderr  # a build its own check refuses is a failed gate, not an error
@@ -157,6 +158,7 @@ def _all_float_budget(recipe: Path, **fallback: object) -> None:
     edit_recipe(recipe, change)
 
 
+@pytest.mark.slow
 def test_a_budget_met_only_in_float_is_not_reachable_in_int8_and_fails(temper, gated_digits, tmp_path):
     _all_float_budget(gated_digits, max_trials=12)
     out = tmp_path / "out"
@@ -203,6 +205,7 @@ class _Notes:
         self.notes.append(text)
 
 
+@pytest.mark.slow
 def test_the_fallback_reports_each_trial_through_the_observer(gated_digits, tmp_path):
     from temper.pipeline.cli.common import step_cache
     from temper.pipeline.loading import load_recipe

@@ -37,6 +37,7 @@ def _test_images() -> tuple[np.ndarray, np.ndarray]:
     return data["pixels"], data["label"]
 
 
+@pytest.mark.slow
 def test_run_writes_every_candidate_and_a_truthful_manifest(temper, digits, tmp_path):
     out = tmp_path / "out"
     result = temper("run", digits, "--output", out)
@@ -83,11 +84,13 @@ def test_rerun_reuses_every_step_and_one_change_rebuilds_only_downstream(temper,
                       "int8-static/1-quantize": False, "int8-dynamic/1-quantize": True}
 
 
+@pytest.mark.slow
 def test_no_cache_rebuilds_everything(temper, digits, tmp_path):
     assert temper("run", digits, "--output", tmp_path / "a", "--no-cache").code == 0
     assert not any(m["cached"] for m in _manifest(tmp_path / "a")["models"])
 
 
+@pytest.mark.slow
 def test_failed_candidate_is_reported_and_others_still_written(temper, digits, tmp_path):
     # A value FP16 cannot hold: the fp16 candidate must fail its NaN/Inf check, not pass quietly.
     edit_recipe(digits, lambda d: d["data"]["evaluation"].update(preprocess="huge.py:scale"))

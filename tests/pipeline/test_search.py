@@ -21,6 +21,7 @@ def _int8_initializer_types(path: Path) -> set[int]:
     return {i.data_type for i in model.graph.initializer if i.data_type in (TensorProto.INT8, TensorProto.UINT8)}
 
 
+@pytest.mark.slow
 def test_a_search_builds_each_combination_up_to_max_trials_and_selects_the_fastest_passing(
     temper, gated_digits, tmp_path
 ):
@@ -66,6 +67,7 @@ def test_a_search_builds_each_combination_up_to_max_trials_and_selects_the_faste
     assert "1 combinations not built: raise max_trials" in markdown
 
 
+@pytest.mark.slow
 def test_require_with_the_search_name_passes_when_one_combination_passes(temper, gated_digits, tmp_path):
     def search(d: dict) -> None:
         d["candidates"] = {"int8": {"steps": [{"quantize": {"mode": "static", "per_channel": [True, False]}}]},

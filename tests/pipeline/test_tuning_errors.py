@@ -183,6 +183,7 @@ def test_require_unknown_candidate_run_leaves_no_output(temper, recipe, tmp_path
                       "no candidate named 'nope'", out=out)
 
 
+@pytest.mark.slow
 def test_require_accepts_the_name_of_a_search(temper, recipe, tmp_path):
     def change(d: dict[str, Any]) -> None:
         d["candidates"] = {"int8": {"max_trials": 2, "steps": [

@@ -25,9 +25,30 @@ def _embed(path, feed):
     return session.run(None, feed)[0]
 
 
+def _copy(tmp_path):
+    """The shipped recipe beside its files, safe to edit."""
+    recipe = tmp_path / "minilm.yaml"
+    recipe.write_text((RECIPES / "minilm.yaml").read_text())
+    for name in ("minilm_model.py", "minilm_data.py"):
+        (tmp_path / name).write_text((RECIPES / name).read_text())
+    (tmp_path / "data").symlink_to(RECIPES / "data")
+    return recipe
+
+
 def test_minilm_recipe_builds_faithful_candidates(temper, tmp_path):
+    """The shipped recipe's model, data, steps, gates and publishing, end to end. Its throughput section
+    is cut to one batch size and short slices and its evaluation set to 128 texts, which saves minutes
+    and changes none of the assertions below (speed is measured in benchmarks/; the shipped file as it
+    is passes `temper check` in tests/pipeline/test_search.py)."""
+    recipe = _copy(tmp_path)
+
+    def quicker(d: dict) -> None:
+        d["validate"]["throughput"].update(batch_sizes=[8], duration_s=0.5)
+        d["data"]["evaluation"]["samples"] = 128
+
+    edit_recipe(recipe, quicker)
     out = tmp_path / "out"
-    result = temper("run", RECIPES / "minilm.yaml", "--output", out)
+    result = temper("run", recipe, "--output", out)
     assert result.code == 0, result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest["candidates"]) == {"int8-dynamic", "fp16", "fixed-seq128"}
@@ -61,11 +82,7 @@ def test_minilm_int8_dynamic_for_a_cpu_without_vnni_keeps_its_cosine(temper, tmp
     ONNX Runtime runs u8 x u8 products through kernels that widen to 16 bits before multiplying,
     exact on every x86 CPU, so the cosine measured on this host is the one a host without VNNI gets
     (the u8 x s8 model measured 0.9698 there: saturation)."""
-    recipe = tmp_path / "minilm.yaml"
-    recipe.write_text((RECIPES / "minilm.yaml").read_text())
-    for name in ("minilm_model.py", "minilm_data.py"):
-        (tmp_path / name).write_text((RECIPES / name).read_text())
-    (tmp_path / "data").symlink_to(RECIPES / "data")
+    recipe = _copy(tmp_path)
 
     def for_avx2(d: dict) -> None:
         d["target"] = "avx2"

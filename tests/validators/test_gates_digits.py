@@ -5,6 +5,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import edit_recipe
 from tests.unit.reports import read_report
 
@@ -15,6 +17,7 @@ def _junit_failures(out: Path) -> set[tuple[str, str]]:
             if case.find("failure") is not None}
 
 
+@pytest.mark.slow
 def test_sensible_budget_passes_and_selects_the_fastest_passing(temper, gated_digits, tmp_path):
     out = tmp_path / "out"
     result = temper("run", gated_digits, "--output", out)
@@ -43,6 +46,7 @@ def test_sensible_budget_passes_and_selects_the_fastest_passing(temper, gated_di
     assert "int8-dynamic" in (out / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_impossible_budget_selects_the_baseline_and_says_why(temper, gated_digits, tmp_path):
     edit_recipe(gated_digits, lambda d: d["validate"]["throughput"].update(min_speedup=50.0))
     out = tmp_path / "out"
@@ -64,6 +68,7 @@ def test_impossible_budget_selects_the_baseline_and_says_why(temper, gated_digit
     assert required.code == 1 and "required candidate int8-static did not pass" in required.stderr
 
 
+@pytest.mark.slow
 def test_a_damaged_candidate_is_caught_by_the_accuracy_gate(temper, gated_digits, tmp_path):
     # Calibrating on 0..255 byte images for a model fed 0..1 floats: a classic preprocessing
     # mismatch. The ranges come out 255x too wide and INT8 resolution collapses.
@@ -83,6 +88,7 @@ def test_a_damaged_candidate_is_caught_by_the_accuracy_gate(temper, gated_digits
     assert ("digits-cnn.int8-static", "accuracy") in _junit_failures(out)
 
 
+@pytest.mark.slow
 def test_validate_regates_an_existing_folder_without_rebuilding(temper, gated_digits, tmp_path):
     out = tmp_path / "out"
     assert temper("run", gated_digits, "--output", out).code == 0

@@ -93,6 +93,7 @@ def test_topk_needs_k_below_the_class_count() -> None:
     assert _metric("topk", k=1).fits(SCORES, LABELS) is None
 
 
+@pytest.mark.slow
 def test_probe_on_digits_detects_damaged_features() -> None:
     digits = load_digits()
     pixels, labels = digits.data.astype(np.float32), digits.target

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import edit_recipe
 from tests.unit.reports import read_report
 
@@ -22,6 +24,7 @@ def _fidelity_budget_only(d: dict) -> None:
     del d["publish"]
 
 
+@pytest.mark.slow
 def test_without_min_speedup_only_a_candidate_faster_on_its_interval_beats_the_baseline(digits_dir, tmp_path):
     recipe = digits_dir / "digits-cnn.yaml"
     edit_recipe(recipe, _fidelity_budget_only)

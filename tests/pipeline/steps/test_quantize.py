@@ -110,6 +110,7 @@ class _Reader(CalibrationDataReader):
         return next(self._batches, None)
 
 
+@pytest.mark.slow
 def test_calibration_methods_give_different_ranges(tmp_path: Path) -> None:
     src = conv_net(tmp_path / "net.onnx")
     ctx = context(tmp_path, [heavy_tailed(seed) for seed in range(4)])
@@ -124,6 +125,7 @@ def test_calibration_methods_give_different_ranges(tmp_path: Path) -> None:
         assert not np.isclose(entropy, percentile)
 
 
+@pytest.mark.slow
 def test_library_entropy_gives_minmax_scales_which_is_why_we_calibrate_ourselves(tmp_path: Path) -> None:
     """onnxruntime 1.32 quantize_static never passes num_bins to its Entropy calibrator (128 bins for
     128 quantized bins: the only candidate threshold is the whole range), so Entropy == MinMax."""

@@ -50,6 +50,7 @@ def test_modelopt_backend_quantizes_on_cpu(tmp_path: Path) -> None:
     assert outputs_close(src, model, tmp_path, images(99)) > 0.99
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _modelopt_imports(), reason=NO_MODELOPT)
 def test_an_ort_static_candidate_after_a_modelopt_one_calibrates_as_before(tmp_path: Path) -> None:
     """ModelOpt patches ONNX Runtime's calibrators process-wide; the step puts them back, so ORT candidates

@@ -220,7 +220,9 @@ def _configuration_lines(tuning: Tuning) -> list[str]:
     lines = ["Configurations tried before any node went float (plain model each):", "",
              "| configuration | quantized nodes | metric | drop | cosine | gates |", "|---|---|---|---|---|---|"]
     lines += [f"| {shown(c.changes)} | {c.quantized} | {c.metric:.4f} | {c.drop:+.4f} | {c.cosine:.4f} | "
-              f"{'held' if c.passed else 'missed'} |" for c in tuning.configurations]
+              f"{'held' if c.passed else 'missed'} |"
+              if c.error is None else f"| {shown(c.changes)} | - | - | - | - | skipped: {c.error} |"
+              for c in tuning.configurations]
     return [*lines, "", f"The node search started from: {shown(tuning.configuration)}.", ""]
 
 

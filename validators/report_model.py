@@ -148,11 +148,12 @@ class Configuration(_Model):
     """One configuration the fallback tried before any node went float: its plain model's score."""
 
     changes: dict[str, Any] = Field(description="options changed from the step's, e.g. {per_channel: true}")
-    metric: float
-    drop: float
-    cosine: float
-    quantized: int = Field(ge=0)
+    metric: float | None = Field(None, description="None when it did not calibrate (see error)")
+    drop: float | None = None
+    cosine: float | None = None
+    quantized: int | None = Field(None, ge=0)
     passed: bool
+    error: str | None = Field(None, description="why it was skipped: its calibration failed")
 
 
 class NodeSensitivity(_Model):

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from temper.artifacts.errors import StepFailed
 from temper.pipeline.step_options import QuantizeOptions
 from temper.pipeline.steps.quantize import fallback
 from temper.pipeline.steps.quantize.sensitivity import NodeSensitivity
@@ -44,7 +45,8 @@ def _float_nodes(model: Path) -> frozenset[str]:
 
 def _search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ranking: list[str], scorer: DataScorer, *,
             max_trials: int = 12, refine: int = 0, keep_float: list[str] | None = None,
-            blocks: dict[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
+            blocks: dict[str, str] | None = None,
+            prepare: fallback.Prepare | None = None) -> tuple[dict[str, Any], list[str]]:
     """Run `fallback.tune` with fakes for the rewrite and the SQNR ranking; return tuning.json and the output's
     float nodes."""
     monkeypatch.setattr(fallback.quantize_static, "write",
@@ -58,7 +60,8 @@ def _search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ranking: list[str],
     dst = tmp_path / "out" / "model.onnx"
     dst.parent.mkdir()
     feeds = [{"x": np.zeros((4, 1), np.float32)}]
-    fallback.tune(None, dst, options, keep_float or [], feeds, scorer, tmp_path)  # type: ignore[arg-type]
+    fallback.tune(None, dst, options, keep_float or [], feeds, scorer, tmp_path,  # type: ignore[arg-type]
+                  prepare=prepare)
     return json.loads((dst.parent / "tuning.json").read_text()), sorted(_float_nodes(dst))
 
 
@@ -168,3 +171,19 @@ def test_first_samples_takes_leading_batches_until_enough():
     assert len(fallback.first_samples(feeds, 4)) == 1
     assert len(fallback.first_samples(feeds, 5)) == 2
     assert len(fallback.first_samples(feeds, 100)) == 3
+
+
+def test_a_configuration_that_does_not_calibrate_is_skipped_and_the_node_search_goes_on(monkeypatch, tmp_path):
+    """MiniLM's percentile calibration refuses the attention mask's -inf ("supplied range of [-inf, inf] is
+    not finite"): that configuration is recorded as skipped, not a build error, and the nodes are searched."""
+    def prepare(options: QuantizeOptions) -> tuple[Any, list[str]]:
+        if options.calibration == "percentile":
+            raise StepFailed("quantize: calibration failed: ValueError: supplied range of [-inf, inf] is not finite")
+        return None, []
+
+    harm = {n: 0.02 for n in NODES[:2]}
+    record, kept = _search(monkeypatch, tmp_path, NODES, DataScorer(harm), prepare=prepare)
+    tried = {json.dumps(c["changes"], sort_keys=True): c for c in record["configurations"]}
+    skipped = tried[json.dumps({"calibration": "percentile"})]  # per_channel did not help, so alone
+    assert "not finite" in skipped["error"] and not skipped["passed"]
+    assert record["met"] and kept == ["n0", "n1"]

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from temper.artifacts.errors import StepFailed
 from temper.artifacts.onnx_io import Batch
 from temper.pipeline.cache import TUNING_FILE
 from temper.pipeline.step_options import FallbackOptions, QuantizeOptions
@@ -208,7 +209,12 @@ class _Tuner:
             shown = ", ".join(f"{k}: {v}" for k, v in changes.items())
             self.progress(f"fallback: configuration {shown}: calibrating")
             options = self.options.model_copy(update=changes)
-            prepared, keep_float = prepare(options)
+            try:
+                prepared, keep_float = prepare(options)
+            except StepFailed as exc:  # percentile's histograms refuse -inf (an attention mask's): skip it
+                self.configurations.append({"changes": changes, "error": str(exc), "passed": False})
+                self.progress(f"fallback: configuration {shown}: skipped, it does not calibrate ({exc})")
+                continue
             self.setups[_key(changes)] = Setup(prepared, options, keep_float)
             quantize_static.write(prepared, self.path, options, keep_float)
             quantized = count_quantized(self.path)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -51,6 +52,29 @@ def absolute_store(uri: str | None) -> str | None:
     if "://" not in uri and uri not in ("databricks", "databricks-uc", "uc"):  # a bare folder: MLflow's file store
         return Path(uri).expanduser().resolve().as_uri()
     return uri
+
+
+def number(flag: str, help: str, low: float, high: float | None = None, *, above: bool = False) -> Any:
+    """A numeric flag's typer.Option: finite and at least `low` (more than it with `above`) and at most `high`
+    (no ceiling when None). Every numeric flag is made here, so all refuse alike: `inf` or `nan` would loop
+    forever or reach int() as a traceback, and a value out of range is a typo, not a setting to replace
+    quietly. A refusal is a usage error: one line naming the flag, exit 2."""
+    span = f"{'more than' if above else 'at least'} {_plain(low)}"
+    span += "" if high is None else f" and at most {_plain(high)}"
+
+    def check(value: float | None) -> float | None:
+        if value is None:  # an optional flag not given
+            return None
+        if not (math.isfinite(value) and (value > low if above else value >= low) and (high is None or value <= high)):
+            what = "a finite number " if isinstance(value, float) else ""
+            raise typer.BadParameter(f"must be {what}{span}, got {value!r}")
+        return value
+
+    return typer.Option(flag, callback=check, help=f"{help} ({span})")
+
+
+def _plain(bound: float) -> str:
+    return f"{bound:g}" if isinstance(bound, float) else str(bound)  # 0.001, 2047, 2147483647
 
 
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]

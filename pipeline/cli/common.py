@@ -12,7 +12,9 @@ import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
+from temper.artifacts.folders import require_writable
 from temper.pipeline.cache import StepCache, default_root
+from temper.pipeline.errors import unwritable
 from temper.pipeline.runner import ModelRecord
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Recipes in, optimized and gated ONNX models out.")
@@ -91,8 +93,18 @@ RequireOpt = Annotated[list[str] | None, typer.Option(
 
 
 def step_cache(folder: Path | None, enabled: bool = True) -> StepCache:
-    """The cache at --cache-dir, else $TEMPER_CACHE_DIR, else the user cache folder; always absolute."""
-    return StepCache(absolute(folder) or default_root(), enabled=enabled)
+    """The cache at --cache-dir, else $TEMPER_CACHE_DIR, else the user cache folder; always absolute, and a
+    folder this user can write (made now if need be), so a file in its place or a read-only one is one line
+    naming where it came from before anything is built, not a traceback from the first step that stores."""
+    root = absolute(folder) or default_root()
+    # what chose it; the user cache folder is named by the flag that picks another
+    key = "TEMPER_CACHE_DIR" if folder is None and os.environ.get("TEMPER_CACHE_DIR") else "--cache-dir"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        require_writable(root)
+    except OSError as exc:
+        raise unwritable(root, key, exc, "the step cache") from exc
+    return StepCache(root, enabled=enabled)
 
 
 class Display:

@@ -16,7 +16,7 @@ import typer
 from rich.text import Text
 
 from temper.pipeline.cli.common import TrackingOpt, app, err, number, out
-from temper.pipeline.errors import EnvironmentProblem, RecipeError, first_line
+from temper.pipeline.errors import EnvironmentProblem, RecipeError, first_line, unwritable
 
 if TYPE_CHECKING:
     from temper.artifacts.bundle import ServingConfig
@@ -111,7 +111,7 @@ def serve(
         try:
             runtime = Runtime(folder, config=config)
         except Exception as exc:  # an invalid runtime.json, a model onnxruntime cannot load
-            raise RecipeError(model, "MODEL", f"cannot load the bundle: {first_line(exc)}") from exc
+            raise RecipeError(model, "MODEL", f"cannot load the bundle: {first_line(exc)}; {PULL_AGAIN}") from exc
         for warning in (unchecked, runtime.host_warning, runtime.drift_warning):
             _warn(warning)  # the root logger is at ERROR without --debug: the log line alone goes unseen
         name = runtime.config.name
@@ -169,7 +169,7 @@ def _fetched(uri: str, tracking: str | None, key: str, dest: Path | None = None
     serving bundle, downloaded into `dest`, or into a temporary folder that goes when the block ends, and
     checked against its manifest. `key` names the argument."""
     from temper.artifacts.integrity import Mismatch
-    from temper.artifacts.registry import FolderInUse, NoSuchModel, StoreUnreachable, fetch
+    from temper.artifacts.registry import CannotWrite, FolderInUse, NoSuchModel, StoreUnreachable, fetch
 
     with tempfile.TemporaryDirectory(prefix="temper-bundle-") as tmp:
         try:
@@ -180,6 +180,11 @@ def _fetched(uri: str, tracking: str | None, key: str, dest: Path | None = None
             raise RecipeError(uri, key, str(exc)) from exc
         except FolderInUse as exc:
             raise RecipeError(str(dest), "--dest", str(exc)) from None
+        except CannotWrite as exc:
+            if dest is None:  # the temporary folder: the machine's, not an argument's
+                raise EnvironmentProblem(f"cannot write the bundle into the temporary folder {tmp} "
+                                         f"({exc.strerror}): free some space or set TMPDIR") from exc
+            raise unwritable(dest, "--dest", exc, "the bundle") from exc
         except Mismatch as exc:  # the downloaded model is not the one its manifest records: not delivered
             raise RecipeError(str(exc.file), "", str(exc)) from None
         yield got.folder, got.name, got.version, got.tags, got.unchecked

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -74,13 +74,44 @@ class ServingConfig(BaseModel):
 
 def tensor_specs(values: list[onnx.ValueInfoProto]) -> list[TensorSpec]:
     """ONNX graph inputs/outputs as TensorSpecs (symbolic or unknown dims become -1)."""
-    specs = []
+    return [TensorSpec(name=name, dtype=dtype, shape=shape)
+            for name, (dtype, shape) in _dtypes_and_shapes(values).items()]
+
+
+def check_describes(config: ServingConfig, model_path: Path) -> None:
+    """ValueError unless `config` describes the model: the same inputs, each output it names, their dtypes and
+    ranks, and every dim the model fixes (a config may fix a dim the model leaves free, never change a fixed
+    one). A runtime.json edited by hand or copied beside another model would otherwise serve until the first
+    request, or fail the warm-up as if the host were at fault."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    initializers = {i.name for i in model.graph.initializer}
+    real = {"input": _dtypes_and_shapes(v for v in model.graph.input if v.name not in initializers),
+            "output": _dtypes_and_shapes(model.graph.output)}
+    declared = {"input": config.inputs, "output": config.outputs}
+    names = sorted(s.name for s in config.inputs)
+    if names != sorted(real["input"]):
+        raise ValueError(f"{CONFIG} declares inputs {names} but {MODEL} takes {sorted(real['input'])}")
+    for kind, specs in declared.items():
+        for spec in specs:
+            if spec.name not in real[kind]:
+                raise ValueError(f"{CONFIG} declares output '{spec.name}' but {MODEL} has none of that name "
+                                 f"(it has {sorted(real[kind])})")
+            dtype, shape = real[kind][spec.name]
+            if spec.dtype != dtype:
+                raise ValueError(f"{CONFIG} declares {kind} '{spec.name}' as {spec.dtype} but {MODEL} has {dtype}")
+            if len(spec.shape) != len(shape) or any(r > 0 and d != r for d, r in zip(spec.shape, shape)):
+                raise ValueError(f"{CONFIG} declares {kind} '{spec.name}' with shape {spec.shape} but {MODEL} has "
+                                 f"{shape} (-1: any size)")
+
+
+def _dtypes_and_shapes(values: Iterable[onnx.ValueInfoProto]) -> dict[str, tuple[str, list[int]]]:
+    """Each tensor's numpy dtype name and shape (symbolic or unknown dims -1), as runtime.json writes them."""
+    found = {}
     for value in values:
         tensor = value.type.tensor_type
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
-        shape = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
-        specs.append(TensorSpec(name=value.name, dtype=dtype, shape=shape))
-    return specs
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name if tensor.elem_type else "untyped"
+        found[value.name] = (dtype, [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim])
+    return found
 
 
 def config_for(model_path: Path, name: str, **serving: object) -> ServingConfig:

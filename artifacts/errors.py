@@ -8,8 +8,10 @@ batcher, the REST server and the gRPC server each map them to their own status c
 from __future__ import annotations
 
 import difflib
+import errno
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes some libraries put in messages
 _ANNOUNCED_LINES = 4  # what a first line ending in a colon may pull in: the named thing, not a dump
@@ -79,6 +81,24 @@ class EnvironmentProblem(TemperError):
     """The machine lacks something the recipe needs (a provider, a library, a GPU)."""
 
     exit_code = 3
+
+
+def unwritable(target: Path | str, key: str, exc: OSError, what: str) -> TemperError:
+    """An OSError while writing `what` at `target` (named by `key`) as its one line: a full disk is the
+    environment (exit 3); a file in the way, a read-only folder or a missing permission is the argument (exit 2)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return EnvironmentProblem(f"{target}: {key}: {exc.strerror} while writing {what}; free some space or choose "
+                                  "another folder (nothing was replaced)")
+    blocker = _file_in_the_way(Path(exc.filename)) if exc.errno in (errno.ENOTDIR, errno.EEXIST) and exc.filename \
+        else None
+    if blocker is not None:
+        return RecipeError(str(target), key, f"{blocker} is a file, not a folder: choose another folder")
+    return RecipeError(str(target), key, f"could not be written ({exc.strerror}); choose a folder you can write")
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The file that stands where `path` or one of its folders should be (mkdir's EEXIST, ENOTDIR below a file)."""
+    return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
 
 
 # Request errors: why the serving runtime did not answer one request.

@@ -5,12 +5,14 @@ scratch) carries its process id in its name, so a later run removes those of dea
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
 import json
 import os
 import re
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -56,6 +58,36 @@ def swap_in(staging: Path, target: Path) -> None:
             os.replace(old, target)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def require_writable(folder: Path) -> None:
+    """PermissionError (EROFS on a read-only file system) when `folder` exists and this user may not write it.
+    Replacing a folder whole needs only its parent to be writable: a folder the user made read-only would
+    otherwise be swapped out from under that permission."""
+    if folder.exists() and not os.access(folder, os.W_OK | os.X_OK):
+        code = errno.EROFS if os.statvfs(folder).f_flag & os.ST_RDONLY else errno.EACCES
+        raise PermissionError(code, os.strerror(code), str(folder))
+
+
+def copy_into(source: Path, dest: Path, *, link: bool = False, skip: Callable[[Path], bool] | None = None) -> None:
+    """Copy the files below `source` into the existing folder `dest`, keeping their relative paths (hard links
+    with `link`, a copy where the file system refuses one) except those `skip` (given the relative path) names.
+    Unlike shutil.copytree, a failure is the OSError itself: its errno tells a full disk from a read-only one."""
+    for item in sorted(source.rglob("*")):  # sorted: a folder comes before what it holds
+        relative = item.relative_to(source)
+        if skip is not None and skip(relative):
+            continue
+        target = dest / relative
+        if item.is_dir() and not item.is_symlink():
+            target.mkdir(exist_ok=True)
+            continue
+        if link:
+            try:
+                os.link(item, target, follow_symlinks=False)
+                continue
+            except OSError:  # another file system, one without links, a link limit: copy instead
+                pass
+        shutil.copy2(item, target, follow_symlinks=False)
 
 
 def claim(parent: Path, prefix: str, mode: int = 0o777) -> Path:

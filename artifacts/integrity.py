@@ -14,6 +14,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+import onnx
+from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors
+
 MANIFEST = "manifest.json"
 REPORT = "report.json"
 MODEL = "model.onnx"
@@ -44,8 +47,13 @@ def read_manifest(folder: Path, remedy: str) -> dict[str, Any]:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as exc:  # truncated, edited by hand, not text
         raise Mismatch(path, f"cannot be read ({type(exc).__name__}): {remedy}") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("candidates"), dict):
-        raise Mismatch(path, f"is not a temper manifest (no candidates mapping): {remedy}")
+    if not isinstance(manifest, dict):
+        raise Mismatch(path, f"is not a temper manifest (not a mapping): {remedy}")
+    recipe = manifest.get("recipe")
+    for key, value in (("candidates", manifest.get("candidates")),
+                       ("recipe.resolved", recipe.get("resolved") if isinstance(recipe, dict) else None)):
+        if not isinstance(value, dict):  # another tool's manifest.json, or one cut short
+            raise Mismatch(path, f"is not a temper manifest (no {key} mapping): {remedy}")
     return manifest
 
 
@@ -83,6 +91,25 @@ def check_model(path: Path, name: str, manifest: dict[str, Any], remedy: str) ->
         raise Mismatch(path, f"is not the {name} model {MANIFEST} records (sha256 {record['sha256'][:12]}..., "
                              f"{record.get('bytes')} bytes; this file: {size} bytes): it was changed after temper "
                              f"wrote it; {remedy}")
+    _check_external_data(path, remedy)
+
+
+def _check_external_data(path: Path, remedy: str) -> None:
+    """Mismatch when a weight file the model refers to is missing or too short for its tensors: the manifest's
+    sha256 covers model.onnx alone, and ONNX Runtime's refusal would come later, as a traceback."""
+    needs: dict[str, int] = {}
+    for tensor in _get_all_tensors(onnx.load(str(path), load_external_data=False)):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            info = ExternalDataInfo(tensor)
+            end = (info.offset or 0) + (info.length or 0)
+            needs[info.location] = max(needs.get(info.location, 0), end)
+    for location, end in needs.items():
+        data = path.parent / location
+        if not data.is_file():
+            raise Mismatch(data, f"is missing ({path.name} keeps its weights there): {remedy}")
+        if data.stat().st_size < end:
+            raise Mismatch(data, f"is {data.stat().st_size} bytes but {path.name} reads {end} from it: it was cut "
+                                 f"short; {remedy}")
 
 
 def check_output(folder: Path, names: list[str], manifest: dict[str, Any], remedy: str) -> None:

@@ -23,7 +23,7 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.tracking import MlflowClient
 
 from temper.artifacts.bundle import CONFIG
-from temper.artifacts.folders import MARKER, claim, mark, replaceable, swap_in, sweep
+from temper.artifacts.folders import MARKER, claim, copy_into, mark, replaceable, require_writable, swap_in, sweep
 from temper.artifacts.integrity import Mismatch, check_bundle
 
 DEFAULT_DB = "mlflow.db"
@@ -155,7 +155,12 @@ class NoSuchModel(LookupError):
 
 
 class FolderInUse(FileExistsError):
-    """The destination holds files temper did not put there: a download would overwrite them."""
+    """The destination holds files temper did not put there, or is a file: a download would overwrite them."""
+
+
+class CannotWrite(OSError):
+    """The destination cannot be written: a file in the way, a read-only folder, a full disk (errno says which).
+    Raised before anything is downloaded where that can be known, and never with a half-written destination."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +217,8 @@ def fetch_output(uri: str, tracking: str | None, dest: Path) -> Fetched:
 
 
 def _fetch(uri: str, tracking: str | None, dest: Path, download: Callable[[ModelVersion, str], Path]) -> Fetched:
+    if dest.exists() and not dest.is_dir():
+        raise FolderInUse(f"{dest} is a file, not a folder: choose a new or empty folder")
     if not replaceable(dest):
         raise FolderInUse(f"{dest} is not empty and temper did not download into it (no {MARKER} marker): "
                           "its files would be overwritten; choose a new or empty folder, or delete it")
@@ -224,12 +231,20 @@ def _fetch(uri: str, tracking: str | None, dest: Path, download: Callable[[Model
     dest = dest.resolve()
     try:
         found = _resolve_version(client, uri)
-        with tempfile.TemporaryDirectory() as tmp:
-            _deliver(download(found, tmp), dest, f"models:/{found.name}/{found.version}")
-    except Mismatch:
-        raise
-    except (ValueError, FileNotFoundError, mlflow.exceptions.MlflowException) as exc:
+    except (ValueError, mlflow.exceptions.MlflowException) as exc:
         raise NoSuchModel(_first_line(exc)) from exc
+    staging = _staging(dest)  # before the download: a destination that cannot be written fails at once
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                source = download(found, tmp)
+            except Mismatch:  # a ValueError too: the copy is damaged, not missing
+                raise
+            except (ValueError, FileNotFoundError, mlflow.exceptions.MlflowException) as exc:
+                raise NoSuchModel(_first_line(exc)) from exc
+            _deliver(source, staging, dest, f"models:/{found.name}/{found.version}")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return Fetched(found.name, str(found.version), dest, dict(found.tags), found.run_id or "")
 
 
@@ -250,17 +265,25 @@ def _resolve_version(client: MlflowClient, uri: str) -> ModelVersion:
     return client.get_model_version(name, version)
 
 
-def _deliver(source: Path, dest: Path, uri: str) -> None:
-    """Copy `source` into a staging folder beside `dest`, mark it as temper's and swap it in whole: no file
-    of an earlier download lingers beside the new ones, and an interrupted copy leaves `dest` as it was."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
+def _staging(dest: Path) -> Path:
+    """A new staging folder beside `dest` (dead runs' ones swept), or CannotWrite."""
     prefix = f".{dest.name}.partial-"
-    sweep(dest.parent, prefix)
-    staging = claim(dest.parent, prefix)
     try:
-        shutil.copytree(source, staging, dirs_exist_ok=True)
+        require_writable(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        sweep(dest.parent, prefix)
+        return claim(dest.parent, prefix)
+    except OSError as exc:
+        raise CannotWrite(exc.errno, exc.strerror, exc.filename) from exc
+
+
+def _deliver(source: Path, staging: Path, dest: Path, uri: str) -> None:
+    """Copy `source` into `staging`, mark it as temper's and swap it in place of `dest` whole: no file of an
+    earlier download lingers beside the new ones, and a failed or interrupted copy leaves `dest` as it was."""
+    try:
+        copy_into(source, staging)
         (staging / MARKER).unlink(missing_ok=True)  # a logged output folder's own marker: replaced by this one
         mark(staging, pulled=uri)
         swap_in(staging, dest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    except OSError as exc:
+        raise CannotWrite(exc.errno, exc.strerror, exc.filename) from exc

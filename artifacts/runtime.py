@@ -27,7 +27,7 @@ import numpy as np
 
 from temper.artifacts import engines, versions
 from temper.artifacts.batcher import Batcher, pad_length
-from temper.artifacts.bundle import MODEL, ServingConfig, read
+from temper.artifacts.bundle import MODEL, ServingConfig, check_describes, read
 from temper.artifacts.counters import OTHER, Counters
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.host import HostProfile, profile, usable_cores
@@ -54,6 +54,7 @@ class Runtime:
         folder holding a model.onnx serves (a run's output folder, not yet published)."""
         self.bundle = Path(bundle)
         self.config: ServingConfig = config or read(self.bundle)
+        check_describes(self.config, self.bundle / MODEL)  # ValueError: a config of another model
         self.metrics = Counters()
         self._inputs = {spec.name: spec for spec in self.config.inputs}
         fixed_batch = {s.shape[0] for s in self.config.inputs if s.shape and s.shape[0] > 0}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from temper.artifacts.errors import EnvironmentProblem, RecipeError
+from temper.artifacts.errors import EnvironmentProblem, RecipeError, unwritable
 from temper.pipeline.cache import StepCache
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.runner import Observer, Runner, RunResult
@@ -96,8 +96,10 @@ def not_built(result: RunResult) -> dict[str, NotBuilt]:
 
 def revalidate(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[str] | None = None,
                observer: Observer | None = None, allow_build_errors: bool = False) -> Outcome:
-    """Validate an existing output folder again (new budgets, another host) and rewrite its reports."""
+    """Validate an existing output folder again (new budgets, another host) and replace its reports: the folder
+    is staged and swapped in whole, so a failure while writing leaves it as it was."""
     from temper.pipeline.gating import from_folder
+    from temper.pipeline.outputs import OutputFolder
     from temper.pipeline.slice_check import check_slices
     from temper.validators import report
     from temper.validators.validation import build_report, validate
@@ -107,10 +109,14 @@ def revalidate(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require:
     check_required(loaded, require)
     with Runner(loaded, cache, observer) as runner:
         subject = from_folder(runner, output)
-        check_slices(runner, subject.baseline)
-        verdict = build_report(validate(subject, runner.observer.note))
-    verdict = verdict.model_copy(update={"not_built": _still_not_built(verdict, output)})
-    report.write(verdict, output)
+        folder = OutputFolder.existing(output)  # before the gates run: a folder that cannot be rewritten fails now
+        try:
+            check_slices(runner, subject.baseline)
+            verdict = build_report(validate(subject, runner.observer.note))
+            verdict = verdict.model_copy(update={"not_built": _still_not_built(verdict, output)})
+            folder.rewrite(lambda staging: report.write(verdict, staging))  # swapped in whole, as `run` commits
+        finally:
+            folder.discard()
     errors = [] if allow_build_errors else [n for n, f in verdict.not_built.items() if f.kind == "error"]
     return Outcome(output, verdict, None, required_missed(verdict, require), errors)
 
@@ -151,7 +157,7 @@ def revalidate_published(loaded: LoadedRecipe, uri: str, folder: Path, cache: St
     is required: it must still pass (exit 1 otherwise)."""
     from temper.artifacts import versions
     from temper.artifacts.integrity import Mismatch, candidate_name, read_manifest, recorded
-    from temper.artifacts.registry import FolderInUse, NoSuchModel, StoreUnreachable, fetch_output
+    from temper.artifacts.registry import CannotWrite, FolderInUse, NoSuchModel, StoreUnreachable, fetch_output
     from temper.pipeline.outputs import same_build
 
     try:
@@ -162,6 +168,8 @@ def revalidate_published(loaded: LoadedRecipe, uri: str, folder: Path, cache: St
         raise RecipeError(uri, "--model", str(exc)) from exc
     except FolderInUse as exc:
         raise RecipeError(str(folder), "--output", str(exc)) from None
+    except CannotWrite as exc:
+        raise unwritable(folder, "--output", exc, "the version's run") from exc
     try:
         manifest = read_manifest(got.folder, "publish it again with `temper run`")
     except Mismatch as exc:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line
-from temper.artifacts.integrity import Mismatch, check_output
+from temper.artifacts.integrity import Mismatch, check_output, read_manifest
 from temper.pipeline.cache import MODEL_FILE, TUNING_FILE
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.outputs import MANIFEST, same_build
@@ -109,18 +109,16 @@ def from_folder(runner: Runner, folder: Path) -> Subject:
     """The models an earlier `temper run` wrote, after checking they came from this recipe's build settings
     and that each file is still the one its manifest records (sha256)."""
     loaded: LoadedRecipe = runner.loaded
-    manifest_path = folder / MANIFEST
-    if not manifest_path.is_file():
+    if not (folder / MANIFEST).is_file():
         raise RecipeError(str(folder), "--output", "no manifest.json here: run `temper run` first")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:  # truncated by a full disk, edited by hand, not text
-        raise RecipeError(str(folder), "--output", f"{MANIFEST} cannot be read ({first_line(exc)}): "
-                                                   "run `temper run` to rebuild the folder") from None
-    entries = manifest.get("candidates") if isinstance(manifest, dict) else None
-    if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
-        raise RecipeError(str(folder), "--output", f"{MANIFEST} is not a temper manifest (no candidates mapping): "
-                                                   "run `temper run` to rebuild the folder")
+    try:  # truncated by a full disk, edited by hand, another tool's
+        manifest = read_manifest(folder, "run `temper run` to rebuild the folder")
+    except Mismatch as exc:
+        raise RecipeError(str(folder), "--output", f"{MANIFEST} {exc}") from None
+    entries = manifest["candidates"]
+    if not all(isinstance(e, dict) for e in entries.values()):
+        raise RecipeError(str(folder), "--output", f"{MANIFEST} is not a temper manifest (a candidate entry is not a "
+                                                   "mapping): run `temper run` to rebuild the folder")
     if not same_build(manifest.get("build_sha256"), runner.recipe):
         raise RecipeError(loaded.file, "", f"the models in {folder} were built from a different model, data or steps "
                                            "than this recipe now has: run `temper run` to rebuild them")

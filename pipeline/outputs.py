@@ -3,7 +3,6 @@ run never leaves a folder that looks like a finished one."""
 
 from __future__ import annotations
 
-import errno
 import json
 import shutil
 from collections.abc import Callable
@@ -12,14 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 from onnx.external_data_helper import _get_all_tensors
 
-from temper.artifacts.errors import EnvironmentProblem, RecipeError, TemperError, first_line
-from temper.artifacts.folders import MARKER, claim, mark, replaceable, swap_in, sweep
+from temper.artifacts.errors import RecipeError, first_line, unwritable
+from temper.artifacts.folders import MARKER, claim, copy_into, mark, replaceable, require_writable, swap_in, sweep
 from temper.artifacts.host import profile
 from temper.artifacts.onnx_io import load_structure
 from temper.pipeline.cache import MODEL_FILE, TUNING_FILE, key_of, library_versions
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.recipe import Recipe
 from temper.pipeline.runner import ModelRecord, RunResult
+from temper.validators import report
 
 if TYPE_CHECKING:
     from temper.artifacts.bundle import ServingConfig
@@ -83,10 +83,35 @@ class OutputFolder:
             mark(self.staging, recipe=loaded.recipe.name)
             self._swap()
         except OSError as exc:
-            raise _write_error(self.target, exc) from exc
+            raise unwritable(self.target, "--output", exc, "the output folder") from exc
         if self.committed is not None:
             self.committed.append(self.target)
         return self.target
+
+    @classmethod
+    def existing(cls, target: Path) -> OutputFolder:
+        """An earlier run's folder whose reports `temper validate` rewrites: checked, like a new one, before the
+        gates run; this user must be able to write it (replacing it whole needs only its parent)."""
+        try:
+            require_writable(target)
+        except OSError as exc:
+            raise unwritable(target, "--output", exc, "the output folder") from exc
+        return cls(target)
+
+    def rewrite(self, reports: Callable[[Path], object]) -> Path:
+        """The folder again with new `reports`: its other files hard-linked into the staging folder (no model
+        is copied), the reports written there and the folder swapped in whole, as `commit` does; a full disk, a
+        read-only folder or an interruption leaves the folder exactly as it was."""
+        try:
+            copy_into(self.target, self.staging, link=True, skip=self._report_file)
+            reports(self.staging)
+            self._swap()
+        except OSError as exc:
+            raise unwritable(self.target, "--output", exc, "the output folder") from exc
+        return self.target
+
+    def _report_file(self, relative: Path) -> bool:
+        return len(relative.parts) == 1 and report.is_output(relative.name) and (self.target / relative).is_file()
 
     def _swap(self) -> None:
         """Put the staged folder in place of the target; if that is interrupted half-way, the
@@ -103,14 +128,6 @@ def _not_ours(target: Path) -> str:
                 "delete it or choose another folder")
     return (f"exists, is not empty and holds no temper {MANIFEST} nor {MARKER} marker; "
             "delete it or choose another folder")
-
-
-def _write_error(target: Path, exc: OSError) -> TemperError:
-    """A full disk is the environment (exit 3); any other failure to write, the output folder (exit 2)."""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return EnvironmentProblem(f"{target}: --output: {exc.strerror} while writing the output folder; "
-                                  "free some space or choose another folder (nothing was replaced)")
-    return RecipeError(str(target), "--output", f"could not be written ({exc.strerror}); choose a folder you can write")
 
 
 def _copy_model(record: ModelRecord, folder: Path) -> None:
@@ -165,7 +182,7 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
     Raises ValueError saying what PATH is not.
     """
     from temper.artifacts.bundle import CONFIG, config_for
-    from temper.artifacts.integrity import candidate_name, check_model, read_manifest
+    from temper.artifacts.integrity import Mismatch, candidate_name, check_model, read_manifest
     from temper.validators import report_model
 
     path = path.resolve()  # `OUT/fast/..` is OUT, and a link is its target: what is checked is what serves
@@ -190,7 +207,9 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
         publish = recipe.get("publish") or {}
         served = publish.get("mlflow") or {}
         gated = report.session_of(name) if report and name in {"baseline", *report.candidates} else None
-    except Exception as exc:  # a failed candidate (no model), a damaged manifest or report
+    except Mismatch:  # a damaged manifest, or another tool's: the line names manifest.json
+        raise
+    except Exception as exc:  # a failed candidate (no model), a damaged report
         raise ValueError(f"cannot serve it from its run: {first_line(exc)}") from exc
     check_model(output / name / MODEL_FILE, name, manifest, REBUILD)
     try:

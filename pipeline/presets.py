@@ -97,7 +97,9 @@ def fill(options: dict[str, Any], choice: Choice | None = None) -> dict[str, Any
             raise ValueError(f"preset auto resolves to {name} for target {choice.target}, which needs Q/DQ graphs: "
                              "use mode: static, or name another preset for this step")
         options = {**options, "preset": name}
-    if name not in PRESETS:  # None, or unknown: the schema refuses an unknown name with its key path
+    # None, an unknown name, a mapping or a list: the schema refuses all but None with its key path. `in PRESETS`
+    # on a mapping or a list would raise TypeError, which pydantic passes through as a traceback.
+    if not isinstance(name, str) or name not in PRESETS:
         return options
     static = options.get("mode") == "static"
     if name in NEEDS_STATIC and not static:

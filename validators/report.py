@@ -13,17 +13,26 @@ from temper.validators.report_model import FILE, CandidateMeasurement, Report, T
 Readable = Report | Mapping[str, Any]  # a Report, or report.json's dict (validated on the way in)
 
 
+MARKDOWN, JUNIT, THROUGHPUT_PLOT, TRADEOFF_PLOT = "report.md", "junit.xml", "throughput.png", "tradeoff.png"
+
+
+def is_output(name: str) -> bool:
+    """Whether `write` writes a file of this name: what `temper validate` replaces, and keeps nothing of."""
+    return (name in (FILE, MARKDOWN, JUNIT, THROUGHPUT_PLOT, TRADEOFF_PLOT)
+            or (name.startswith("sensitivity-") and name.endswith(".png")))
+
+
 def write(report: Readable, folder: Path) -> list[Path]:
     """Write every report file into `folder`; plots only where there is something to plot."""
     report = Report.model_validate(report)
-    written = [folder / FILE, folder / "report.md", folder / "junit.xml"]
+    written = [folder / FILE, folder / MARKDOWN, folder / JUNIT]
     written[0].write_text(dumps(report))
     written[1].write_text(markdown(report))
     junit(report).write(written[2], encoding="utf-8", xml_declaration=True)
     if report.baseline.throughput:
-        written.append(_throughput_plot(report, folder / "throughput.png"))
+        written.append(_throughput_plot(report, folder / THROUGHPUT_PLOT))
         if report.metric:
-            written.append(_tradeoff_plot(report, folder / "tradeoff.png"))
+            written.append(_tradeoff_plot(report, folder / TRADEOFF_PLOT))
     for name, c in report.candidates.items():
         if c.tuning and c.tuning.ranking:
             written.append(_sensitivity_plot(name, c.tuning, folder / f"sensitivity-{name}.png"))

@@ -102,7 +102,7 @@ def tuned_session(path: Path, provider: str, sample: dict[str, np.ndarray]) -> o
 def fits_in_memory(sample: dict[str, np.ndarray], batch_size: int) -> str | None:
     """None when one batch of `batch_size` rows like `sample`'s fits comfortably in the memory this
     host has free, else why not: a batch far too large is a typo, and numpy's MemoryError a puzzle."""
-    row = sum(np.asarray(v[:1]).nbytes for v in sample.values())
+    row = sum(np.asarray(v[:1] if np.ndim(v) else v).nbytes for v in sample.values())  # a scalar: one value
     need, free = row * batch_size, psutil.virtual_memory().available
     if need * 4 > free:  # the batch, its copy in the session, outputs and activations: keep a margin
         return (f"batch size {batch_size:,} needs {need / 2**30:,.1f} GiB for its inputs alone; this host has "
@@ -113,7 +113,11 @@ def fits_in_memory(sample: dict[str, np.ndarray], batch_size: int) -> str | None
 def batch_of(model: onnx.ModelProto, sample: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
     """One call's inputs: real rows from `sample`, repeated in order when it has fewer than `batch_size`."""
     feed: dict[str, np.ndarray] = {}
-    for name, shape in dims(model).items():
+    shapes = dims(model)
+    if shapes and not any(shapes.values()) and batch_size != 1:  # what would the other rows be?
+        raise ValueError(f"every input of the model is a scalar (no batch dim), so batch size {batch_size} cannot "
+                         "run; measure batch size 1")
+    for name, shape in shapes.items():
         if name not in sample:
             raise ValueError(f"model input '{name}' is not in the sample (sample has {', '.join(sorted(sample))})")
         rows = np.asarray(sample[name])
@@ -141,11 +145,17 @@ def random_inputs(model: onnx.ModelProto, rows: int, sizes: dict[str, int]) -> d
     Raises OptionError keyed by `--dim` or `MODEL`.
     """
     rng = np.random.default_rng(0)
+    inputs = dims(model)
+    for value in model.graph.input:  # dims() reads a sequence or map input as a scalar: refuse it by name
+        kind = (value.type.WhichOneof("value") or "untyped").removesuffix("_type")
+        if kind != "tensor" and value.name in inputs:
+            raise OptionError("MODEL", f"input '{value.name}' is a {kind}, not a tensor: temper bench fills tensor "
+                                       "inputs only, so it cannot measure this model")
     types = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
     shapes: dict[str, list[int]] = {}
     symbolic: list[str] = []  # the dims --dim sizes, in the model's order
     batch: set[str] = set()  # named batch dims: --batch-sizes sizes those
-    for name, shape in dims(model).items():
+    for name, shape in inputs.items():
         shapes[name] = []
         for axis, dim in enumerate(shape):
             key = dim if isinstance(dim, str) else f"{name}[{axis}]"

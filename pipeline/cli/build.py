@@ -28,6 +28,7 @@ from temper.pipeline.cli.common import (
     absolute,
     app,
     err,
+    number,
     out,
     progress,
     shown,
@@ -159,10 +160,9 @@ def check(recipe: RecipeArg, cache_dir: CacheOpt = None, tracking_uri: TrackingO
 def sensitivity(
     recipe: RecipeArg,
     candidate: Annotated[str, typer.Option("--candidate", help="candidate with a static quantize step")],
-    top: Annotated[int, typer.Option("--top", min=1, help="rows to print")] = 20,
-    samples: Annotated[int | None, typer.Option(
-        "--samples", min=1, help="calibration samples to measure on "
-                                 "(default: the step's fallback.samples, else 64)")] = None,
+    top: Annotated[int, number("--top", "rows to print", 1)] = 20,
+    samples: Annotated[int | None, number(
+        "--samples", "calibration samples to measure on; default: the step's fallback.samples, else 64", 1)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the whole ranking as JSON on stdout")] = False,
     cache_dir: CacheOpt = None,
 ) -> None:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
+from temper.artifacts.errors import unwritable
+from temper.artifacts.folders import require_writable
 from temper.pipeline.cache import StepCache, default_root
 from temper.pipeline.runner import ModelRecord
 
@@ -53,6 +56,29 @@ def absolute_store(uri: str | None) -> str | None:
     return uri
 
 
+def number(flag: str, help: str, low: float, high: float | None = None, *, above: bool = False) -> Any:
+    """A numeric flag's typer.Option: finite and at least `low` (more than it with `above`) and at most `high`
+    (no ceiling when None). Every numeric flag is made here, so all refuse alike: `inf` or `nan` would loop
+    forever or reach int() as a traceback, and a value out of range is a typo, not a setting to replace
+    quietly. A refusal is a usage error: one line naming the flag, exit 2."""
+    span = f"{'more than' if above else 'at least'} {_plain(low)}"
+    span += "" if high is None else f" and at most {_plain(high)}"
+
+    def check(value: float | None) -> float | None:
+        if value is None:  # an optional flag not given
+            return None
+        if not (math.isfinite(value) and (value > low if above else value >= low) and (high is None or value <= high)):
+            what = "a finite number " if isinstance(value, float) else ""
+            raise typer.BadParameter(f"must be {what}{span}, got {value!r}")
+        return value
+
+    return typer.Option(flag, callback=check, help=f"{help} ({span})")
+
+
+def _plain(bound: float) -> str:
+    return f"{bound:g}" if isinstance(bound, float) else str(bound)  # 0.001, 2047, 2147483647
+
+
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
 CacheOpt = Annotated[Path | None, typer.Option(
     "--cache-dir", callback=absolute,
@@ -67,8 +93,18 @@ RequireOpt = Annotated[list[str] | None, typer.Option(
 
 
 def step_cache(folder: Path | None, enabled: bool = True) -> StepCache:
-    """The cache at --cache-dir, else $TEMPER_CACHE_DIR, else the user cache folder; always absolute."""
-    return StepCache(absolute(folder) or default_root(), enabled=enabled)
+    """The cache at --cache-dir, else $TEMPER_CACHE_DIR, else the user cache folder; always absolute, and a
+    folder this user can write (made now if need be), so a file in its place or a read-only one is one line
+    naming where it came from before anything is built, not a traceback from the first step that stores."""
+    root = absolute(folder) or default_root()
+    # what chose it; the user cache folder is named by the flag that picks another
+    key = "TEMPER_CACHE_DIR" if folder is None and os.environ.get("TEMPER_CACHE_DIR") else "--cache-dir"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        require_writable(root)
+    except OSError as exc:
+        raise unwritable(root, key, exc, "the step cache") from exc
+    return StepCache(root, enabled=enabled)
 
 
 class Display:

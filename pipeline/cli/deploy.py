@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line
+from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line, unwritable
 from temper.artifacts.triton_cluster import IMAGE, STORAGE_URI
-from temper.pipeline.cli.common import TrackingOpt, app, err, out
+from temper.pipeline.cli.common import TrackingOpt, app, err, number, out
 
 if TYPE_CHECKING:
     from temper.artifacts.bundle import ServingConfig
 
+MAX_BODY_MB = 2047  # gRPC's message limit is a C int (2 GiB less a byte); a REST body that size is a typo too
 PULL_AGAIN = "pull it again with `temper pull`, or rebuild it with `temper run`"
 
 
@@ -79,15 +80,15 @@ def serve(
              "or models:/NAME@ALIAS or models:/NAME/VERSION", show_default=False)],
     host: Annotated[str, typer.Option(
         "--host", help="address to bind; 0.0.0.0 exposes the server beyond this machine")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="TCP port")] = 8000,
-    max_body_mb: Annotated[float | None, typer.Option(
-        "--max-body-mb", help="refuse larger request bodies with HTTP 413 [default: a full batch of the model's "
-                              "inputs as JSON, at least 1 MiB]")] = None,
-    max_connections: Annotated[int | None, typer.Option(
-        "--max-connections", min=1, help="open HTTP connections at most; one more closes the longest idle one "
-                                         "[default: what the open-file limit leaves room for, at most 4096]")] = None,
-    grpc_port: Annotated[int | None, typer.Option(
-        "--grpc-port", min=1, max=65535, help="also serve KServe v2 gRPC on this port (needs the grpc extra)")] = None,
+    port: Annotated[int, number("--port", "TCP port; 0: one the system picks", 0, 65535)] = 8000,
+    max_body_mb: Annotated[float | None, number(
+        "--max-body-mb", "refuse larger request bodies with HTTP 413; default: a full batch of the model's inputs as "
+                         "JSON, at least 1 MiB", 0.001, MAX_BODY_MB)] = None,
+    max_connections: Annotated[int | None, number(
+        "--max-connections", "open HTTP connections at most; one more closes the longest idle one; default: what the "
+                             "open-file limit leaves room for, at most 4096", 1)] = None,
+    grpc_port: Annotated[int | None, number(
+        "--grpc-port", "also serve KServe v2 gRPC on this port (needs the grpc extra)", 1, 65535)] = None,
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Serve a bundle over the Open Inference Protocol (KServe v2 REST, and gRPC with --grpc-port): dynamic batching,
@@ -96,8 +97,6 @@ def serve(
     from temper.artifacts.server import bind, body_limit
     from temper.artifacts.server import serve as run_server
 
-    if max_body_mb is not None and max_body_mb <= 0:
-        raise RecipeError(model, "--max-body-mb", f"must be more than 0, got {max_body_mb}")
     if grpc_port is not None:  # before any loading: missing packages are known now
         if grpc_port == port:
             raise RecipeError(model, "--grpc-port", f"must differ from --port {port}")
@@ -113,11 +112,11 @@ def serve(
         try:
             runtime = Runtime(folder, config=config)
         except Exception as exc:  # an invalid runtime.json, a model onnxruntime cannot load
-            raise RecipeError(model, "MODEL", f"cannot load the bundle: {first_line(exc)}") from exc
+            raise RecipeError(model, "MODEL", f"cannot load the bundle: {first_line(exc)}; {PULL_AGAIN}") from exc
         for warning in (unchecked, runtime.host_warning, runtime.drift_warning):
             _warn(warning)  # the root logger is at ERROR without --debug: the log line alone goes unseen
         name = runtime.config.name
-        max_body = int(max_body_mb * 1024 * 1024) if max_body_mb else body_limit(runtime.config)
+        max_body = int(max_body_mb * 1024 * 1024) if max_body_mb is not None else body_limit(runtime.config)
         out.print(f"serving {name} ({runtime.engine}) at http://{host}:{sock.getsockname()[1]}/v2/models/{name} "
                   "once warm (GET /v2/health/ready answers 200); Ctrl-C stops", soft_wrap=True)
         grpc_server = None
@@ -142,7 +141,7 @@ def export_triton(
         help="what `temper serve` takes: a serving bundle folder, a run's output folder (its selected model) or "
              "OUTPUT/CANDIDATE, or models:/NAME@ALIAS or models:/NAME/VERSION", show_default=False)],
     dest: Annotated[Path, typer.Option("--dest", help="Triton model repository to write into")],
-    instances: Annotated[int, typer.Option("--instances", min=1, help="model instances per device")] = 1,
+    instances: Annotated[int, number("--instances", "model instances per device", 1, 2**31 - 1)] = 1,
     kind: Annotated[str, typer.Option("--kind", help="KIND_AUTO, KIND_GPU or KIND_CPU; the cluster's pods ask for "
                                                      "one GPU unless KIND_CPU")] = "KIND_AUTO",
     image: Annotated[str, typer.Option("--image", help="Triton container image the cluster runs")] = IMAGE,
@@ -206,7 +205,7 @@ def _fetched(uri: str, tracking: str | None, key: str, dest: Path | None = None
     serving bundle, downloaded into `dest`, or into a temporary folder that goes when the block ends, and
     checked against its manifest. `key` names the argument."""
     from temper.artifacts.integrity import Mismatch
-    from temper.artifacts.registry import FolderInUse, NoSuchModel, StoreUnreachable, fetch
+    from temper.artifacts.registry import CannotWrite, FolderInUse, NoSuchModel, StoreUnreachable, fetch
 
     with tempfile.TemporaryDirectory(prefix="temper-bundle-") as tmp:
         try:
@@ -217,6 +216,11 @@ def _fetched(uri: str, tracking: str | None, key: str, dest: Path | None = None
             raise RecipeError(uri, key, str(exc)) from exc
         except FolderInUse as exc:
             raise RecipeError(str(dest), "--dest", str(exc)) from None
+        except CannotWrite as exc:
+            if dest is None:  # the temporary folder: the machine's, not an argument's
+                raise EnvironmentProblem(f"cannot write the bundle into the temporary folder {tmp} "
+                                         f"({exc.strerror}): free some space or set TMPDIR") from exc
+            raise unwritable(dest, "--dest", exc, "the bundle") from exc
         except Mismatch as exc:  # the downloaded model is not the one its manifest records: not delivered
             raise RecipeError(str(exc.file), "", str(exc)) from None
         yield got.folder, got.name, got.version, got.tags, got.unchecked

@@ -12,7 +12,9 @@ from rich.table import Table
 from temper.artifacts.errors import TemperError
 from temper.artifacts.host import profile
 from temper.artifacts.providers import PROVIDERS
-from temper.pipeline.cli.common import app, err, out
+from temper.pipeline.cli.common import app, err, number, out
+
+MAX_SECONDS = 3600  # an hour per batch size: more is a typo (or `inf`, which never ends)
 
 
 @app.command()
@@ -20,8 +22,8 @@ def bench(
     model: Annotated[Path, typer.Argument(help="ONNX model file", show_default=False)],
     batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="comma-separated, e.g. 1,8,32")] = "1,8,32",
     provider: Annotated[str, typer.Option("--provider", help=" | ".join(PROVIDERS))] = "cpu",
-    duration: Annotated[float, typer.Option("--duration", help="timed seconds per batch size")] = 3.0,
-    warmup: Annotated[float, typer.Option("--warmup", help="warm-up seconds per batch size")] = 0.5,
+    duration: Annotated[float, number("--duration", "timed seconds per batch size", 0, MAX_SECONDS, above=True)] = 3.0,
+    warmup: Annotated[float, number("--warmup", "warm-up seconds per batch size", 0, MAX_SECONDS)] = 0.5,
     dim: Annotated[list[str] | None, typer.Option(
         "--dim", help="NAME=SIZE for a symbolic dim other than the batch dim (repeatable)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of measurements on stdout")] = False,
@@ -47,14 +49,10 @@ def bench(
         raise RecipeError(file, "--batch-sizes", f"expected positive integers separated by commas, got '{batch_sizes}'")
     if provider not in PROVIDERS:
         raise RecipeError(file, "--provider", f"'{provider}' is not one of {', '.join(PROVIDERS)}")
-    if duration <= 0:
-        raise RecipeError(file, "--duration", f"must be more than 0 seconds, got {duration}")
-    if warmup < 0:
-        raise RecipeError(file, "--warmup", f"must be 0 seconds or more, got {warmup}")
     given: dict[str, int] = {}
     for item in dim or []:
         name, _, value = item.partition("=")
-        if not name or not value.isdigit() or int(value) < 1:
+        if not name or not value.isdecimal() or int(value) < 1:  # isdigit() passes '²', which int() refuses
             raise RecipeError(file, "--dim", f"expected NAME=SIZE with SIZE a positive integer, got '{item}'")
         given[name] = int(value)
     if not model.is_file():

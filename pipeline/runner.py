@@ -35,7 +35,8 @@ if TYPE_CHECKING:  # the steps import onnxsim, ORT's quantizers and (via onnxrun
     from temper.validators.scoring import GateScorer
 
 SCRATCH = "temper-run-"  # the runner's scratch folders in the system temp folder: temper-run-<pid>-<random>
-LIBRARIES = ("temper-ml", "torch", "onnx", "onnxruntime", "onnxsim", "numpy")
+# nncf: an optional quantize backend ("absent" where it is not installed)
+LIBRARIES = ("temper-ml", "torch", "onnx", "onnxruntime", "onnxsim", "numpy", "nncf")
 
 
 def library_versions() -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 - `quantize.py` — the `Quantize` step: options checks, the backend switch, the output check.
 - `quantize_dynamic.py`, `quantize_static.py` — ONNX Runtime's two INT8 paths; `quantize_modelopt.py`
-  NVIDIA ModelOpt's (an optional extra).
+  NVIDIA ModelOpt's and `quantize_nncf.py` Intel NNCF's (optional extras).
 - `sensitivity.py` — the SQNR ranking of quantized nodes (ONNX Runtime's `qdq_loss_debug`).
 - `fallback.py` — the accuracy-aware trial loop behind the `fallback` option.
 """

@@ -18,7 +18,8 @@ MODEL_FILE = "model.onnx"
 TUNING_FILE = "tuning.json"  # written beside a model by the quantize fallback: its trials and ranking
 META_FILE = "meta.json"
 
-LIBRARIES = ("temper-ml", "torch", "onnx", "onnxruntime", "onnxsim", "numpy")  # part of every step's key
+# part of every step's key; nncf, an optional quantize backend, is "absent" where it is not installed
+LIBRARIES = ("temper-ml", "torch", "onnx", "onnxruntime", "onnxsim", "numpy", "nncf")
 
 
 def library_versions() -> dict[str, str]:

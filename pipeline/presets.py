@@ -89,7 +89,7 @@ def fill(options: dict[str, Any], choice: Choice | None = None) -> dict[str, Any
     """
     name = options.get("preset", AUTO if choice else None)
     if name == AUTO:
-        if options.get("backend", "ort") != "ort":  # ModelOpt configures its own quantizer
+        if options.get("backend", "ort") != "ort":  # ModelOpt and NNCF configure their own quantizers
             return {k: v for k, v in options.items() if k != "preset"}
         choice = choice or choose()
         name = choice.preset

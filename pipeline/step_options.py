@@ -67,15 +67,19 @@ class FallbackOptions(Strict):
         return value
 
 
+NNCF_PRESETS = ("performance", "mixed")  # NNCF's own: symmetric activations, or asymmetric ones
+NNCF_ONLY = ("model_type", "fast_bias_correction", "smooth_quant_alpha")
+
+
 class QuantizeOptions(Strict):
     """INT8 quantization. `mode: dynamic` needs no data; `mode: static` calibrates on the recipe's data."""
 
     mode: Literal["dynamic", "static"]
-    preset: Literal[(presets.AUTO, *presets.PRESETS)] | None = Field(  # type: ignore[valid-type]
-        None, description="target preset (see pipeline/presets.py): fills the options this step leaves unset. "
-        "In a recipe a step without one is auto: the preset for the recipe's target; "
-        "null keeps ONNX Runtime's defaults")
-    backend: Literal["ort", "modelopt"] = "ort"
+    preset: Literal[(presets.AUTO, *presets.PRESETS, *NNCF_PRESETS)] | None = Field(  # type: ignore[valid-type]
+        None, description="backend ort: a target preset (see pipeline/presets.py) that fills the options this step "
+        "leaves unset; in a recipe a step without one is auto: the preset for the recipe's target; null keeps "
+        "ONNX Runtime's defaults. Backend nncf: NNCF's preset, performance or mixed (unset: NNCF's choice)")
+    backend: Literal["ort", "modelopt", "nncf"] = "ort"
     preprocess: bool = Field(
         True, description="run ONNX Runtime's quant_pre_process first (symbolic shape inference, constant folding, "
                           "fusions); false quantizes the graph as it is, for a model pre-processing fails on: no "
@@ -97,6 +101,27 @@ class QuantizeOptions(Strict):
     exclude_op_types: list[str] = Field(default_factory=list, description="op types kept in float")
     fallback: FallbackOptions | None = Field(
         None, description="keep harmful nodes in float until validate.accuracy holds")
+    model_type: Literal["transformer"] | None = Field(
+        None, description="backend nncf: transformer keeps attention's MatMuls and its elementwise arithmetic "
+                          "out of INT8 by pattern, and enables SmoothQuant")
+    fast_bias_correction: bool | None = Field(
+        None, description="backend nncf: false runs NNCF's slower, more exact bias correction (unset: true)")
+    smooth_quant_alpha: float | Literal[False] | None = Field(
+        None, description="backend nncf, model_type transformer: SmoothQuant's alpha for MatMuls "
+                                      "(0 to 1); false turns SmoothQuant off (unset: NNCF's 0.95)")
+
+    @field_validator("smooth_quant_alpha", mode="before")
+    @classmethod
+    def _alpha(cls, value: Any) -> Any:
+        """One message for every wrong alpha (NNCF's own "off", -1, included) instead of a union's two; a whole
+        number becomes a float, since 0 would otherwise match `False` (0 == False) and mean "off"."""
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number and 0 <= value <= 1:
+            return float(value)
+        if value is None or value is False:
+            return value
+        raise ValueError(f"{value!r} is not a SmoothQuant alpha: give a number from 0 to 1, "
+                         "or false to turn SmoothQuant off")
 
     @model_validator(mode="before")
     @classmethod
@@ -115,10 +140,11 @@ class QuantizeOptions(Strict):
                 raise ValueError(f"{', '.join(repr(m) for m in misplaced)}: only for mode: static")
             if self.backend != "ort":
                 raise ValueError("mode: dynamic is implemented by backend: ort only")
-        if self.backend == "modelopt" and self.format != "qdq":
-            raise ValueError("backend: modelopt writes QDQ graphs only (format: qdq)")
-        if self.backend == "modelopt" and "preprocess" in self.model_fields_set:
-            raise ValueError("'preprocess': ModelOpt prepares the graph itself; it is for backend: ort only")
-        if self.backend == "modelopt" and self.fallback is not None:
+        if self.backend != "ort" and self.format != "qdq":
+            raise ValueError(f"backend: {self.backend} writes QDQ graphs only (format: qdq)")
+        if self.backend != "ort" and "preprocess" in self.model_fields_set:
+            library = {"modelopt": "ModelOpt", "nncf": "NNCF"}[self.backend]
+            raise ValueError(f"'preprocess': {library} prepares the graph itself; it is for backend: ort only")
+        if self.backend != "ort" and self.fallback is not None:
             raise ValueError("fallback tunes ONNX Runtime's quantizer: it needs backend: ort")
         return self

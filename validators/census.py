@@ -10,7 +10,8 @@ Eligible nodes are the compute op types INT8 quantizers target (ELIGIBLE); a nod
 
 - quantized: a QOperator or integer op (QLinearConv, MatMulInteger, ...; QUANTIZED maps each to the
   op it stands for), or an eligible float op whose activation and weight (its first two inputs) both
-  come from DequantizeLinear nodes (QDQ form), possibly through layout ops (Transpose, Reshape, ...);
+  come from DequantizeLinear nodes (QDQ form), possibly through layout ops (Transpose, Reshape, ...) and
+  the MaxPool/Slice ONNX Runtime's QDQ propagation runs in INT8;
 - fp16: an eligible float op computing in float16 (its first input or output is float16);
 - fp32: the rest (float compute left as it was).
 
@@ -38,8 +39,11 @@ QUANTIZED = {
 }
 DYNAMIC = frozenset({"ConvInteger", "MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QAttention",
                      "DynamicQuantizeLSTM"})
-# Ops that only move data: a DequantizeLinear before them still feeds the compute op INT8 values.
-_LAYOUT = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Expand"})
+# Ops a DequantizeLinear's values pass through still on its INT8 grid, so the compute op after them is fed INT8:
+# those that only move data, and MaxPool and Slice, which ONNX Runtime's QDQ propagation runs on the INT8 values
+# (NNCF puts the Q/DQ pair before a MaxPool, not between it and the Conv).
+_PASS_THROUGH = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Expand",
+                           "MaxPool", "Slice"})
 # The inputs that must all come through a DequantizeLinear: activation and weight (two activations for
 # attention's MatMuls). A bias alone does not make a node INT8, and neither does an activation alone: in
 # QDQ form a float node kept out (exclude_nodes, the fallback) still reads a neighbour's dequantized output.
@@ -132,14 +136,14 @@ def _kind(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto], types: dic
 
 
 def _dequantized(name: str, producers: dict[str, onnx.NodeProto]) -> bool:
-    """Whether tensor `name` comes out of a DequantizeLinear, directly or through layout ops."""
-    for _ in range(8):  # a few layout ops at most; a cycle-free graph ends sooner
+    """Whether tensor `name` comes out of a DequantizeLinear, directly or through pass-through ops."""
+    for _ in range(8):  # a few pass-through ops at most; a cycle-free graph ends sooner
         node = producers.get(name)
         if node is None:
             return False
         if node.op_type == "DequantizeLinear":
             return True
-        if node.op_type not in _LAYOUT or not node.input:
+        if node.op_type not in _PASS_THROUGH or not node.input:
             return False
         name = node.input[0]
     return False

@@ -103,3 +103,37 @@ def test_a_quantized_node_inside_a_subgraph_counts_too():
     counted = census(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     assert (counted.eligible, counted.quantized, counted.quantized_in_subgraphs) == (1, 1, 1)
     assert counted.precision() == "int8-static"
+
+
+def test_a_conv_fed_through_a_maxpool_after_its_dequantize_counts_as_quantized_as_onnx_runtime_runs_it(tmp_path):
+    """NNCF writes Q/DQ -> MaxPool -> Conv (the pair before the pool); ONNX Runtime's QDQ propagation moves the
+    DequantizeLinear past the MaxPool and runs the Conv as QLinearConv, so the census counts it quantized."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "s"),
+             numpy_helper.from_array(np.array(0, np.int8), "z"),
+             numpy_helper.from_array(rng.integers(-127, 127, (4, 1, 3, 3)).astype(np.int8), "wq"),
+             numpy_helper.from_array(np.array(0.01, np.float32), "ws")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq"),
+             helper.make_node("MaxPool", ["xd"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("DequantizeLinear", ["wq", "ws"], ["w"], name="dq_w"),
+             helper.make_node("Conv", ["p", "w"], ["c"], name="conv"),
+             helper.make_node("QuantizeLinear", ["c", "s", "z"], ["cq"], name="q_out"),  # QLinearConv's output
+             helper.make_node("DequantizeLinear", ["cq", "s", "z"], ["y"], name="dq_out")]
+    graph = helper.make_graph(nodes, "pooled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 2, 2])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    path = tmp_path / "pooled.onnx"
+    onnx.save(model, str(path))
+
+    counted = of_file(path)
+    assert (counted.eligible, counted.quantized) == (1, 1)
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    assert "QLinearConv" in {node.op_type for node in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}

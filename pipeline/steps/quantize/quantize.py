@@ -1,4 +1,4 @@
-"""The quantize step: INT8 with ONNX Runtime (dynamic or static) or NVIDIA ModelOpt (static).
+"""The quantize step: INT8 with ONNX Runtime (dynamic or static), NVIDIA ModelOpt or Intel NNCF (static).
 
 Library failures become one StepFailed line; our own errors (bad data, bad options, a
 missing backend) pass through untouched so they keep their exit codes.
@@ -18,7 +18,7 @@ import onnx
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import OptionError, StepFailed, TemperError, first_line
 from temper.artifacts.onnx_io import Batch
-from temper.pipeline.step_options import QuantizeOptions
+from temper.pipeline.step_options import NNCF_ONLY, NNCF_PRESETS, QuantizeOptions
 from temper.pipeline.steps.base import Step, StepContext, require_known
 from temper.pipeline.steps.quantize import (
     census_check,
@@ -26,10 +26,11 @@ from temper.pipeline.steps.quantize import (
     preprocess,
     quantize_dynamic,
     quantize_modelopt,
+    quantize_nncf,
     quantize_static,
 )
 
-BACKENDS = {"ort": "ONNX Runtime's quantizer", "modelopt": "ModelOpt"}
+BACKENDS = {"ort": "ONNX Runtime's quantizer", "modelopt": "ModelOpt", "nncf": "NNCF"}
 
 
 class Quantize(Step[QuantizeOptions]):
@@ -38,7 +39,7 @@ class Quantize(Step[QuantizeOptions]):
     name: ClassVar[str] = "quantize"
     options_model = QuantizeOptions
     searchable = ("preset", "format", "per_channel", "reduce_range", "calibration", "activation_type", "weight_type",
-                  "symmetric_activations", "symmetric_weights")
+                  "symmetric_activations", "symmetric_weights", *NNCF_ONLY)
     budget_option = "fallback"
 
     def uses_calibration(self, options: QuantizeOptions) -> bool:
@@ -52,6 +53,14 @@ class Quantize(Step[QuantizeOptions]):
         require_known("exclude_nodes", "node", options.exclude_nodes, nodes)
         op_types = sorted({node.op_type for node in model.graph.node})
         require_known("exclude_op_types", "op type", options.exclude_op_types, op_types)
+        if options.backend == "nncf":
+            quantize_nncf.validate(options)
+            return
+        misplaced = [key for key in NNCF_ONLY if getattr(options, key) is not None]
+        if misplaced:
+            raise OptionError(misplaced[0], "an option of NNCF's quantizer: it needs backend: nncf")
+        if options.preset in NNCF_PRESETS:
+            raise OptionError("preset", f"{options.preset} is NNCF's preset: it needs backend: nncf")
         if options.backend == "modelopt":
             quantize_modelopt.validate(options)
         elif options.mode == "static":
@@ -86,13 +95,17 @@ class Quantize(Step[QuantizeOptions]):
                                   configured)
 
             _library("ONNX Runtime static quantization", static)
-        else:
+        elif options.backend == "modelopt":
             quantize_modelopt.require()  # before loading data: a missing backend should fail fast
             feeds = calibration_feeds(structure, ctx.calibration())
             _library(
                 "ModelOpt quantization",
                 lambda: quantize_modelopt.quantize(src, dst, options, feeds, ctx.scratch, large),
             )
+        else:
+            quantize_nncf.require()
+            feeds = calibration_feeds(structure, ctx.calibration())
+            _library("NNCF quantization", lambda: quantize_nncf.quantize(src, dst, options, feeds, large))
         census_check.require_quantized(dst, BACKENDS[options.backend])
         _check_runs(dst, ctx.sample())
 

@@ -28,18 +28,29 @@ class TinyCnn(nn.Module):
 
 
 class TinyAttention(nn.Module):
-    """One pre-norm self-attention block: LayerNormalization, MatMul, Softmax, residual Add."""
+    """One pre-norm self-attention block: LayerNormalization, MatMul, Softmax, residual Add. With heads > 1
+    the projections split into heads as BERT's do (Reshape, Transpose): the graph attention patterns match."""
 
-    def __init__(self, width: int = 16) -> None:
+    def __init__(self, width: int = 16, heads: int = 1) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(width)
         self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
-        self.scale = width**-0.5
+        self.heads = heads
+        self.scale = (width // heads) ** -0.5
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         h = self.norm(hidden)
-        weights = torch.softmax(self.q(h) @ self.k(h).transpose(1, 2) * self.scale, dim=-1)
-        return hidden + self.o(weights @ self.v(h))
+        if self.heads == 1:
+            weights = torch.softmax(self.q(h) @ self.k(h).transpose(1, 2) * self.scale, dim=-1)
+            return hidden + self.o(weights @ self.v(h))
+        batch, seq, width = hidden.shape
+
+        def split(t: torch.Tensor) -> torch.Tensor:
+            return t.reshape(batch, seq, self.heads, width // self.heads).transpose(1, 2)
+
+        q, k, v = split(self.q(h)), split(self.k(h)), split(self.v(h))
+        weights = torch.softmax(q @ k.transpose(2, 3) * self.scale, dim=-1)
+        return hidden + self.o((weights @ v).transpose(1, 2).reshape(batch, seq, width))
 
 
 def _export(module: nn.Module, example: torch.Tensor, path: Path, input_name: str, axes: dict[int, str]) -> Path:
@@ -70,6 +81,14 @@ def tiny_transformer_like_path(tmp_path_factory: pytest.TempPathFactory) -> Path
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("tiny_transformer") / "attention.onnx"
     return _export(TinyAttention(), torch.randn(2, 5, 16), path, "hidden", {0: "batch", 1: "seq"})
+
+
+@pytest.fixture(scope="session")
+def tiny_multihead_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two-head attention, input `hidden` [batch, seq, 16] -> `out` [batch, seq, 16]."""
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny_multihead") / "multihead.onnx"
+    return _export(TinyAttention(heads=2), torch.randn(2, 5, 16), path, "hidden", {0: "batch", 1: "seq"})
 
 
 @pytest.fixture

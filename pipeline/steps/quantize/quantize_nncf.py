@@ -1,0 +1,137 @@
+"""Static INT8 with Intel NNCF's post-training quantization, on its ONNX path (no OpenVINO).
+
+NNCF places Q/DQ by its own patterns: with `model_type: transformer` it leaves attention's
+softmax-to-MatMul and the elementwise arithmetic around it (mask Add, scale Mul/Div) in float, and
+runs SmoothQuant and bias correction. It is an optional extra, imported only when a recipe asks for
+it. What a recipe says that NNCF's ONNX path cannot do is refused by `validate`, never dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import onnx
+
+from temper.artifacts import onnx_io
+from temper.artifacts.errors import EnvironmentProblem, OptionError
+from temper.artifacts.onnx_io import Batch
+from temper.pipeline import presets
+from temper.pipeline.step_options import NNCF_PRESETS, QuantizeOptions
+
+TELEMETRY = "openvino_telemetry"
+
+
+def require() -> ModuleType:
+    """nncf, imported with its telemetry off.
+
+    nncf's dependency openvino-telemetry is opt-out: imported, it writes a client id under ~/intel and
+    nncf reports every quantize call to Google Analytics. A build tool must not phone home, so while
+    nncf imports, its `import openvino_telemetry` fails and nncf falls back to its own no-op stub (its
+    documented path when the package is absent). A process that imported nncf itself keeps its choice.
+    """
+    saved = sys.modules.get(TELEMETRY)
+    sys.modules[TELEMETRY] = None  # type: ignore[assignment]  # None makes the import raise ImportError
+    try:
+        import nncf
+    except ImportError as err:
+        cause = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise EnvironmentProblem(f"quantize backend 'nncf' needs Intel NNCF: pip install 'temper-ml[nncf]' ({cause})"
+                                 ) from err
+    finally:
+        if saved is None:
+            del sys.modules[TELEMETRY]
+        else:
+            sys.modules[TELEMETRY] = saved
+    return nncf
+
+
+def validate(options: QuantizeOptions) -> None:
+    """Refuse every option NNCF's ONNX path would not honour, naming it and what to use instead."""
+    given = options.model_fields_set
+    if options.preset in presets.PRESETS:
+        raise OptionError("preset", f"{options.preset} is a target preset for ONNX Runtime's quantizer; backend: "
+                                    f"nncf takes NNCF's presets, {' or '.join(NNCF_PRESETS)}")
+    if "calibration" in given and options.calibration != "minmax":
+        raise OptionError("calibration", f"backend: nncf calibrates with minmax (global min and max) or, unset, "
+                                         f"NNCF's mean of each batch's min and max; use backend: ort for "
+                                         f"{options.calibration}")
+    for key in ("activation_type", "symmetric_activations"):
+        if key in given:
+            raise OptionError(key, "backend: nncf sets activations by its preset (performance: symmetric, int8 or "
+                                   "uint8 by sign; mixed: asymmetric); use preset, or backend: ort")
+    if options.weight_type != "int8" or options.symmetric_weights is False:
+        key = "weight_type" if options.weight_type != "int8" else "symmetric_weights"
+        raise OptionError(key, "backend: nncf quantizes weights to symmetric int8 only")
+    if options.dedicated_qdq_pairs:
+        raise OptionError("dedicated_qdq_pairs", "backend: nncf places its own Q/DQ pairs; use backend: ort for "
+                                                 "a pair per consumer")
+    ignored = sorted({"num_bins", "percentile"} & given)
+    if ignored:
+        raise OptionError(ignored[0], "backend: nncf does no histogram calibration; remove this option")
+    if options.smooth_quant_alpha is not None and options.model_type != "transformer":
+        raise OptionError("smooth_quant_alpha", "NNCF runs SmoothQuant only with model_type: transformer; "
+                                                "set it, or remove smooth_quant_alpha")
+
+
+def quantize(src: Path, dst: Path, options: QuantizeOptions, feeds: list[Batch], large: bool) -> None:
+    nncf = require()
+    model = onnx.load(str(src), load_external_data=not large)  # external data: NNCF reads it from its folder
+    scope = nncf.IgnoredScope(names=options.exclude_nodes, types=options.exclude_op_types)
+    with _quiet():
+        quantized = nncf.quantize(
+            model,
+            nncf.Dataset(feeds),
+            subset_size=len(feeds),  # every calibration batch: NNCF counts dataset items, not samples
+            preset=None if options.preset is None else nncf.QuantizationPreset(options.preset),
+            model_type=None if options.model_type is None else nncf.ModelType(options.model_type),
+            fast_bias_correction=options.fast_bias_correction is not False,
+            ignored_scope=scope,
+            advanced_parameters=_advanced(options, src.parent.resolve() if large else None),
+        )
+    onnx_io.save(quantized, dst)
+
+
+def _advanced(options: QuantizeOptions, external_data: Path | None) -> Any:
+    """NNCF's advanced parameters for the options a recipe set; unset ones keep NNCF's defaults."""
+    from nncf.onnx.quantization.backend_parameters import BackendParameters
+    from nncf.quantization.advanced_parameters import (
+        AdvancedQuantizationParameters,
+        AdvancedSmoothQuantParameters,
+        OverflowFix,
+        QuantizationParameters,
+    )
+    from nncf.quantization.range_estimator import RangeEstimatorParametersSet
+
+    given = options.model_fields_set
+    advanced = AdvancedQuantizationParameters()
+    if "per_channel" in given:  # NNCF's default: per-channel weights
+        advanced.weights_quantization_params = QuantizationParameters(per_channel=options.per_channel)
+    if "reduce_range" in given:  # 7-bit weights everywhere, or nowhere (NNCF's default: the first layer only)
+        advanced.overflow_fix = OverflowFix.ENABLE if options.reduce_range else OverflowFix.DISABLE
+    if "calibration" in given:  # minmax, as ONNX Runtime's: the global min and max over every batch
+        advanced.activations_range_estimator_params = RangeEstimatorParametersSet.MINMAX
+    if options.smooth_quant_alpha is not None:
+        alpha = -1 if options.smooth_quant_alpha is False else options.smooth_quant_alpha  # NNCF: negative is off
+        advanced.smooth_quant_alphas = AdvancedSmoothQuantParameters(matmul=alpha)
+    if external_data is not None:
+        advanced.backend_params[BackendParameters.EXTERNAL_DATA_DIR] = str(external_data)
+    return advanced
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """NNCF logs INFO lines to a stdout handler it made at import (the step's redirect cannot reach it)."""
+    from nncf.common.logging import nncf_logger as logger
+
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -9,8 +9,9 @@ Bodies. JSON is decoded by orjson straight into numpy arrays; nothing returned k
 JSON alive, so its Python lists are freed before the request queues. `Content-Encoding: gzip` or
 `deflate` bodies are inflated up to the body limit.
 
-Non-finite numbers: JSON (RFC 8259) has no NaN or Infinity. Float inputs holding them are refused
-with 400 (the Runtime's check: an INT8 model would answer them with plausible numbers). An output
+Non-finite numbers: JSON (RFC 8259) has no NaN or Infinity. JSON float inputs that become them (null,
+a number past FP32's range) are refused with 400; binary inputs are passed to the model as they are,
+as Triton does (perf_analyzer's random data holds NaN bit patterns). An output
 holding them cannot be written as JSON: the request fails with 500 saying so, unless it asked for
 that output as binary data, which carries IEEE floats as they are.
 """
@@ -96,13 +97,16 @@ class RestCodec:
                 if "data" not in item:
                     raise RequestError(f"input '{name}' has neither data nor parameters.binary_data_size")
                 try:
-                    with np.errstate(over="ignore"):  # a float past its dtype's range: Inf, which the runtime refuses
+                    with np.errstate(over="ignore"):  # a float past its dtype's range: Inf, refused below
                         array = np.asarray(item["data"], dtype=dtype)
                 except (ValueError, TypeError, OverflowError) as exc:
                     raise RequestError(f"input '{name}': data is not {datatype}: {exc}") from None
                 if array.size != count:
                     raise RequestError(f"input '{name}': {array.size} data elements for shape {shape} "
                                        f"({count} elements)")
+                if array.dtype.kind == "f" and not np.isfinite(array).all():  # null, or past the dtype's range
+                    raise RequestError(f"input '{name}' holds NaN or infinite values (null, or a number past "
+                                       f"{datatype}'s range); send such values as binary data")
             else:
                 if size != count * dtype.itemsize:
                     raise RequestError(f"input '{name}': binary_data_size {size} for shape {shape} of {datatype} "

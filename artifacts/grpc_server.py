@@ -49,6 +49,7 @@ from temper.artifacts.bundle import TensorSpec
 from temper.artifacts.counters import OTHER
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.protocol import DATATYPES, VERSION, WIRE
+from temper.artifacts.request_params import check_input, check_output, queue_timeout_s
 from temper.artifacts.runtime import Runtime
 from temper.artifacts.triton_extensions import EXTENSIONS, PLATFORM, model_config, statistics
 
@@ -169,12 +170,16 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"model '{name}' has no version '{version}'; it has {VERSION}")
 
     def _infer(self, request: pb.ModelInferRequest, client_remaining_s: float | None) -> pb.ModelInferResponse:
+        timeout_s = self.runtime.config.timeout_s
+        try:
+            queue_s = queue_timeout_s(_params(request.parameters), timeout_s)
+        except RequestError as exc:
+            raise _invalid(str(exc)) from None
         inputs = self._decode_inputs(request)
         wanted = self._wanted_outputs(request)
         if not self.runtime.ready:
             raise Refused(grpc.StatusCode.UNAVAILABLE, f"model '{self.name}' is not ready")
-        future = self.runtime.submit(inputs, inline=True)  # a pool thread may run a tiny model itself
-        timeout_s = self.runtime.config.timeout_s
+        future = self.runtime.submit(inputs, inline=True, timeout_s=queue_s)  # a pool thread may run a tiny model
         if client_remaining_s is not None and client_remaining_s < timeout_s:  # the client gives up first
             try:
                 results = self.runtime.result(future, client_remaining_s)
@@ -204,8 +209,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 raise _invalid(f"unknown input '{name}'; the model takes {', '.join(self.inputs)}")
             if name in inputs:
                 raise _invalid(f"input '{name}' is given twice")
-            if "shared_memory_region" in tensor.parameters:
-                raise _invalid(f"input '{name}': shared memory is not supported; send the data in the request")
+            try:
+                check_input(name, _params(tensor.parameters))
+            except RequestError as exc:
+                raise _invalid(str(exc)) from None
             datatype = DATATYPES[spec.dtype]
             if tensor.datatype != datatype:
                 raise _invalid(f"input '{name}': datatype '{tensor.datatype}' does not match the model's {datatype}")
@@ -241,8 +248,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         for output in request.outputs:
             if output.name not in self.outputs:
                 raise _invalid(f"unknown output '{output.name}'; the model gives {', '.join(self.outputs)}")
-            if "shared_memory_region" in output.parameters:
-                raise _invalid(f"output '{output.name}': shared memory is not supported")
+            try:
+                check_output(output.name, _params(output.parameters))
+            except RequestError as exc:
+                raise _invalid(str(exc)) from None
         return [output.name for output in request.outputs]
 
 
@@ -321,6 +330,12 @@ class Unparsable(grpc.ServerInterceptor):
 
         return grpc.unary_unary_rpc_method_handler(answer, request_deserializer=lenient,
                                                    response_serializer=handler.response_serializer)
+
+
+def _params(parameters: Any) -> dict[str, object]:
+    """A protobuf map of InferParameter as plain values, for request_params."""
+    return {key: getattr(value, value.WhichOneof("parameter_choice") or "int64_param")
+            for key, value in parameters.items()}
 
 
 def _invalid(message: str) -> Refused:

@@ -201,16 +201,17 @@ class InferenceServer:
             headers = dict(scope["headers"])
             body = await self._body(headers, receive)
             if len(body) > INLINE_BODY_BYTES or b"content-encoding" in headers:
-                request_id, inputs, wanted = await self._on_worker(self.codec.decode, body, headers)
+                request_id, inputs, wanted, queue_s = await self._on_worker(self.codec.decode, body, headers)
             else:
-                request_id, inputs, wanted = self.codec.decode(body, headers)
+                request_id, inputs, wanted, queue_s = self.codec.decode(body, headers)
             del body  # its JSON text is done with while the request waits (binary inputs are views that keep it)
             if not self.runtime.ready:
                 raise HttpError(503, f"model '{self.name}' is not ready")
         except (HttpError, RequestError):
             self.failed += 1  # never reached the runtime, which counts everything after this
             raise
-        future = self.runtime.submit(inputs, inline=await self._alone())  # RequestError, Overloaded, Stopped
+        # RequestError, Overloaded, Stopped
+        future = self.runtime.submit(inputs, inline=await self._alone(), timeout_s=queue_s)
         if future.done():  # ran inline: no hand-off back to the event loop to wait for
             results = future.result()
         else:

@@ -6,18 +6,23 @@ BIN    := $(abspath $(VENV))/bin
 STAMP  := $(VENV)/.installed-stamp
 TYPES  := build/types
 
-.PHONY: help run test test-fast check lint types unit
+.PHONY: help run test test-fast check lint types unit perf-analyzer
 help:  ## list the targets
 	@awk -F':.*## ' '/^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 run: $(STAMP)  ## build, gate and publish the digits recipe (the main job)
 	$(BIN)/temper run recipes/digits-cnn.yaml
 
-# Lint, types, then the whole suite, slow MiniLM tests included (target: 15 minutes on 2 cores);
+# Lint, types, then the whole suite, slow end-to-end tests included (target: 15 minutes on 2 cores);
 # plain `pytest` skips those. It prints the 15 slowest tests and the peak RSS (tests/conftest.py;
 # /usr/bin/time is not on a fresh Debian).
-test: lint types $(STAMP)  ## what CI runs: ruff, mypy, the whole suite
+test: lint types $(STAMP) perf-analyzer  ## what CI runs: ruff, mypy, the whole suite
 	$(BIN)/python -m pytest -m "slow or not slow" --durations=15
+
+# Triton's perf_analyzer for tests/artifacts/test_perf_analyzer.py, in .cache/perf_analyzer (never the venv):
+# downloaded once (tritonclient 2.47.0's binary, libb64, libcudart); later runs find it there.
+perf-analyzer:  ## install perf_analyzer for the serving tests
+	PYTHON=$(BIN)/python tests/tools/perf_analyzer.sh
 
 test-fast: $(STAMP)  ## the default pytest run: every test not marked slow
 	$(BIN)/python -m pytest --durations=15

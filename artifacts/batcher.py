@@ -14,6 +14,13 @@ Tiny models skip the batcher when it is idle: a request that finds nothing queue
 running is run on the caller's thread (submit(inline=True)), saving the two thread hand-offs
 (batcher wake-up, answer back) that cost more than the run itself.
 
+Deadlines: each request carries one (arrival + timeout_s, or the request's own queue timeout). One
+that passes it while queued, or while its batch waits to fill, is dropped before it is computed and
+answered RequestTimeout ("Request timeout expired", Triton's words), a REJECTED failure. A caller
+that stops waiting calls abandon(): a queued request is then skipped, a running one is still
+computed but counted a failure (CANCELED, or REJECTED once its deadline passed), never a success
+its caller did not get.
+
 Lifecycle: requests submitted before start() wait in the queue and are served once it runs;
 stop() fails those still queued, and every submit() after it, with Stopped, so that no caller
 waits on a queue nothing drains any more. start() after stop() serves again.
@@ -22,6 +29,7 @@ waits on a queue nothing drains any more. start() after stop() serves again.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -38,6 +46,7 @@ from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, St
 log = logging.getLogger("temper.serving")
 
 Arrays = dict[str, np.ndarray]
+EXPIRED = "Request timeout expired: it waited in the queue past its timeout; retry, or raise timeout_s"
 
 
 @dataclass
@@ -48,6 +57,24 @@ class _Request:
     key: tuple  # shapes that must match for requests to share a batch
     future: concurrent.futures.Future
     arrived_ns: int = field(default_factory=time.perf_counter_ns)
+    deadline_ns: int = 0  # perf_counter_ns after which it is not computed any more
+
+    def reason(self, now_ns: int) -> str:
+        """Why a request its caller gave up on failed: its deadline passed (REJECTED) or the caller left first."""
+        return REJECTED if now_ns >= self.deadline_ns else CANCELED
+
+
+def abandon(future: concurrent.futures.Future, message: str) -> bool:
+    """The caller stops waiting for `future`: a queued request is skipped, a running one is failed with
+    RequestTimeout(message) so that the batcher counts it a failure. False when it finished meanwhile
+    (its result is there to use)."""
+    if future.cancel():
+        return True
+    try:
+        future.set_exception(RequestTimeout(message))
+    except concurrent.futures.InvalidStateError:
+        return False
+    return True
 
 
 def pad_length(inputs: Arrays, pad: dict[str, int | float]) -> int | None:
@@ -116,12 +143,16 @@ class Batcher:
         now = time.perf_counter_ns()
         self.counters.record_failure(REJECTED, len(pending), sum(now - r.arrived_ns for r in pending))
 
-    def submit(self, inputs: Arrays, rows: int, inline: bool) -> concurrent.futures.Future:
+    def submit(self, inputs: Arrays, rows: int, inline: bool,
+               timeout_s: float | None = None) -> concurrent.futures.Future:
         """Queue a validated request of `rows` rows (Overloaded when full, Stopped once stopped);
-        with `inline`, run it on this thread instead when nothing is queued or running."""
+        with `inline`, run it on this thread instead when nothing is queued or running. It is dropped
+        unrun once queued longer than `timeout_s` (default: config.timeout_s)."""
         length = pad_length(inputs, self.config.pad)
         key = tuple(inputs[name].shape[2 if name in self.config.pad else 1 :] for name in self._inputs)
         request = _Request(dict(inputs), rows, length, key, concurrent.futures.Future())
+        wait_s = self.config.timeout_s if timeout_s is None else timeout_s
+        request.deadline_ns = request.arrived_ns + int(wait_s * 1e9)
         with self._cond:
             if self._stopped:
                 self.counters.record_failure(REJECTED)
@@ -133,7 +164,8 @@ class Batcher:
             else:
                 if len(self._queue) >= self.config.max_queue:
                     self.counters.record_failure(REJECTED)
-                    raise Overloaded(f"queue full ({self.config.max_queue} requests waiting)")
+                    raise Overloaded(f"Exceeds maximum queue size: queue full ({self.config.max_queue} requests "
+                                     "waiting); retry later")
                 self._queue.append(request)
                 self._cond.notify()
         if run_here:
@@ -164,9 +196,23 @@ class Batcher:
 
     def _serve(self) -> None:
         while (batch := self._next_batch()) is not None:
-            if batch:
+            if batch := self._unexpired(batch):
                 self._execute(batch)
-                self._release()
+            self._release()
+
+    def _unexpired(self, batch: list[_Request]) -> list[_Request]:
+        """The batch without requests whose deadline passed while it waited to fill, or whose caller gave up."""
+        now = time.perf_counter_ns()
+        kept = []
+        for request in batch:
+            if request.future.done():  # abandoned by its caller
+                self.counters.record_failure(request.reason(now), 1, now - request.arrived_ns)
+            elif now >= request.deadline_ns:
+                request.future.set_exception(RequestTimeout(EXPIRED))
+                self.counters.record_failure(REJECTED, 1, now - request.arrived_ns)
+            else:
+                kept.append(request)
+        return kept
 
     def _next_batch(self) -> list[_Request] | None:
         """Block until work arrives and no inline run holds the engine; None once stopped. See
@@ -197,21 +243,20 @@ class Batcher:
         dropping cancelled and expired ones. Called with the lock held."""
         rows = sum(r.rows for r in batch)
         now = time.perf_counter_ns()
-        expiry = now - int(self.config.timeout_s * 1e9)
         kept: deque[_Request] = deque()
         while self._queue:
             request = self._queue.popleft()
-            if request.arrived_ns < expiry:  # timed out waiting, whether or not its caller has given up on it
+            if now >= request.deadline_ns:  # timed out waiting, whether or not its caller has given up on it
                 if request.future.set_running_or_notify_cancel():
-                    request.future.set_exception(RequestTimeout(f"not answered within {self.config.timeout_s}s"))
+                    request.future.set_exception(RequestTimeout(EXPIRED))
                 self.counters.record_failure(REJECTED, 1, now - request.arrived_ns)
             elif rows + request.rows > self.max_rows or (batch and request.key != batch[0].key):
                 kept.append(request)
             elif request.future.set_running_or_notify_cancel():
                 batch.append(request)
                 rows += request.rows
-            else:
-                self.counters.record_failure(CANCELED, 1, now - request.arrived_ns)  # its caller's deadline came first
+            else:  # its caller gave up first
+                self.counters.record_failure(request.reason(now), 1, now - request.arrived_ns)
         self._queue = kept
 
     def _execute(self, batch: list[_Request]) -> None:
@@ -226,7 +271,8 @@ class Batcher:
         except Exception as exc:
             log.exception("%s: batch of %d requests failed", self.config.name, len(batch))
             for request in batch:
-                request.future.set_exception(exc)
+                with contextlib.suppress(concurrent.futures.InvalidStateError):  # abandoned meanwhile
+                    request.future.set_exception(exc)
             failed = time.perf_counter_ns()
             self.counters.record_failure(BACKEND, len(batch), sum(failed - r.arrived_ns for r in batch))
             return
@@ -235,8 +281,12 @@ class Batcher:
         self.counters.record_execution(sum(r.rows for r in batch), len(batch), queued, computed - merged_ns,
                                       merged_ns - started, done - computed)
         for request, result in zip(batch, results):
-            request.future.set_result(result)
-            self.counters.record_success(done - request.arrived_ns)
+            try:
+                request.future.set_result(result)
+            except concurrent.futures.InvalidStateError:  # its caller gave up while it ran: not a success
+                self.counters.record_failure(request.reason(done), 1, done - request.arrived_ns)
+            else:
+                self.counters.record_success(done - request.arrived_ns)
 
     def _merge(self, batch: list[_Request]) -> Arrays:
         """Concatenate the batch's rows, padding config.pad inputs on axis 1 to the longest."""

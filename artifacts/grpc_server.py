@@ -1,8 +1,10 @@
 """`temper serve --grpc-port`: the KServe v2 / Triton gRPC API (`inference.GRPCInferenceService`).
 
 The messages and the servicer base class are the generated stubs tritonclient ships, so the wire
-format is Triton's own and tritonclient.grpc talks to it unchanged. RPCs not implemented here
-(streaming, statistics, repository, shared memory) answer UNIMPLEMENTED from the base class.
+format is Triton's own and tritonclient.grpc and perf_analyzer talk to it unchanged. ModelConfig and
+ModelStatistics answer the same documents as REST's `/config` and `/stats` (artifacts/triton_extensions.py)
+as protobuf; the repository RPCs answer as Triton does for a repository of one model. RPCs not
+implemented here (streaming, shared memory, trace, log settings) answer UNIMPLEMENTED from the base class.
 
 Behind it is the same Runtime as the REST server: one batcher, one bounded queue, one set of
 metrics. It runs on gRPC's own thread pool, not on uvicorn's event loop (which server.py owns):
@@ -14,11 +16,12 @@ Status codes, each with a one-line message; the server keeps serving afterwards:
   INVALID_ARGUMENT    bytes that are not the RPC's protobuf message; unknown, missing or repeated input;
                       wrong datatype; a shape the model does not take; data not matching its shape;
                       batch over max_batch_size; unknown output
-  NOT_FOUND           unknown model or version
-  UNAVAILABLE         not ready yet (warming up), or the Runtime stopped (`temper serve` shutting down
-                      stops it before this server), a request still queued then included
-  RESOURCE_EXHAUSTED  queue full, too many RPCs in flight, message over the size limit
-  DEADLINE_EXCEEDED   not answered within the bundle's timeout_s (or the client's deadline)
+  NOT_FOUND           unknown model or version (ModelReady answers ready: false instead, as Triton does)
+  UNAVAILABLE         as Triton: queue full ("Exceeds maximum queue size"), not answered within the queue
+                      timeout ("Request timeout expired"), not ready yet (warming up), or the Runtime
+                      stopped (`temper serve` shutting down stops it before this server)
+  RESOURCE_EXHAUSTED  too many RPCs in flight, message over the size limit (gRPC's own answers)
+  DEADLINE_EXCEEDED   the client's own deadline passed first
   INTERNAL            the engine itself failed
 """
 
@@ -31,9 +34,11 @@ from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import numpy as np
+from google.protobuf import json_format
 
 try:
     import grpc
+    from tritonclient.grpc import model_config_pb2 as mc
     from tritonclient.grpc import service_pb2 as pb
     from tritonclient.grpc import service_pb2_grpc as pb_grpc
 except (ImportError, RuntimeError) as exc:  # tritonclient reports a missing grpcio as a RuntimeError
@@ -44,16 +49,26 @@ from temper.artifacts.bundle import TensorSpec
 from temper.artifacts.counters import OTHER
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.protocol import DATATYPES, VERSION, WIRE
+from temper.artifacts.request_params import check_input, check_output, queue_timeout_s
 from temper.artifacts.runtime import Runtime
+from temper.artifacts.triton_extensions import EXTENSIONS, PLATFORM, model_config, statistics
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+SPARE_RPCS = 8  # RPCs admitted beyond what the Runtime holds, so that overload reads "queue full" as in Triton
 Context: TypeAlias = grpc.ServicerContext
 # KServe datatype -> the InferTensorContents field that carries it typed; FP16 only comes raw, as in Triton.
 CONTENTS = {"FP32": "fp32_contents", "INT64": "int64_contents", "INT32": "int_contents", "INT8": "int_contents",
             "UINT8": "uint_contents", "BOOL": "bool_contents"}
-STATUS = {RequestError: grpc.StatusCode.INVALID_ARGUMENT, Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
-          RequestTimeout: grpc.StatusCode.DEADLINE_EXCEEDED, Stopped: grpc.StatusCode.UNAVAILABLE}
+
+
+class DeadlinePassed(RequestTimeout):
+    """The client's deadline, shorter than the queue timeout, passed first (counted by the Runtime)."""
+
+
+STATUS = {RequestError: grpc.StatusCode.INVALID_ARGUMENT, Overloaded: grpc.StatusCode.UNAVAILABLE,
+          RequestTimeout: grpc.StatusCode.UNAVAILABLE, Stopped: grpc.StatusCode.UNAVAILABLE,  # Triton's codes
+          DeadlinePassed: grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 class Refused(Exception):
@@ -65,7 +80,7 @@ class Refused(Exception):
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
-    """Health, metadata and ModelInfer for one Runtime."""
+    """Health, metadata, configuration, statistics, the repository of one model and ModelInfer for one Runtime."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -73,7 +88,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self.name = config.name
         self.inputs = {spec.name: spec for spec in config.inputs}
         self.outputs = [spec.name for spec in config.outputs]
-        self.metadata = pb.ModelMetadataResponse(name=self.name, versions=[VERSION], platform="onnxruntime",
+        self.metadata = pb.ModelMetadataResponse(name=self.name, versions=[VERSION], platform=PLATFORM,
                                                  inputs=_tensors(config.inputs), outputs=_tensors(config.outputs))
 
     def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
@@ -83,15 +98,51 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=self.runtime.ready)
 
     def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(name="temper", version=VERSION)
+        return pb.ServerMetadataResponse(name="temper", version=VERSION, extensions=EXTENSIONS)
 
     def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
-        self._model_or_abort(request.name, request.version, context)
-        return pb.ModelReadyResponse(ready=self.runtime.ready)
+        """Ready or not, never an error: an unknown model or version is not ready, as Triton answers."""
+        known = request.name == self.name and request.version in ("", VERSION)
+        return pb.ModelReadyResponse(ready=known and self.runtime.ready)
 
     def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context) -> pb.ModelMetadataResponse:
         self._model_or_abort(request.name, request.version, context)
         return self.metadata
+
+    def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> pb.ModelConfigResponse:
+        self._model_or_abort(request.name, request.version, context)
+        return pb.ModelConfigResponse(config=json_format.ParseDict(model_config(self.runtime), mc.ModelConfig()))
+
+    def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context) -> pb.ModelStatisticsResponse:
+        """This model's statistics; an empty name asks for every model's, which is this one's."""
+        if request.name:
+            self._model_or_abort(request.name, request.version, context)
+        return json_format.ParseDict(statistics(self.runtime, 0), pb.ModelStatisticsResponse())
+
+    def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
+                        context: Context) -> pb.RepositoryIndexResponse:
+        """The one model this server serves, READY once warmed up (UNAVAILABLE before, as Triton says)."""
+        state = "READY" if self.runtime.ready else "UNAVAILABLE"
+        if request.ready and state != "READY":
+            return pb.RepositoryIndexResponse()
+        model = pb.RepositoryIndexResponse.ModelIndex(name=self.name, version=VERSION, state=state)
+        return pb.RepositoryIndexResponse(models=[model])
+
+    def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
+                            context: Context) -> pb.RepositoryModelLoadResponse:
+        """Loading the served model is done already; any other is not in this repository of one."""
+        if request.model_name != self.name:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"cannot load '{request.model_name}': this server serves "
+                                                     f"'{self.name}' only; start another `temper serve` for it")
+        return pb.RepositoryModelLoadResponse()
+
+    def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
+                              context: Context) -> pb.RepositoryModelUnloadResponse:
+        if request.model_name != self.name:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"cannot unload '{request.model_name}': this server serves "
+                                                     f"'{self.name}' only")
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                      f"cannot unload '{self.name}': it is the one model this server serves; stop `temper serve`")
 
     def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
         """Decode, run through the Runtime's batcher, answer with raw_output_contents."""
@@ -119,18 +170,23 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"model '{name}' has no version '{version}'; it has {VERSION}")
 
     def _infer(self, request: pb.ModelInferRequest, client_remaining_s: float | None) -> pb.ModelInferResponse:
+        timeout_s = self.runtime.config.timeout_s
+        try:
+            queue_s = queue_timeout_s(_params(request.parameters), timeout_s)
+        except RequestError as exc:
+            raise _invalid(str(exc)) from None
         inputs = self._decode_inputs(request)
         wanted = self._wanted_outputs(request)
         if not self.runtime.ready:
             raise Refused(grpc.StatusCode.UNAVAILABLE, f"model '{self.name}' is not ready")
-        future = self.runtime.submit(inputs, inline=True)  # a pool thread may run a tiny model itself
-        timeout_s = self.runtime.config.timeout_s
-        wait_s = timeout_s if client_remaining_s is None else min(timeout_s, client_remaining_s)
-        try:
-            results = future.result(timeout=wait_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()  # still queued: the batcher skips it
-            raise RequestTimeout(f"not answered within {wait_s:.3g}s") from None
+        future = self.runtime.submit(inputs, inline=True, timeout_s=queue_s)  # a pool thread may run a tiny model
+        if client_remaining_s is not None and client_remaining_s < timeout_s:  # the client gives up first
+            try:
+                results = self.runtime.result(future, client_remaining_s)
+            except RequestTimeout as exc:
+                raise DeadlinePassed(f"the client's deadline passed: {exc}") from None
+        else:
+            results = self.runtime.result(future, timeout_s)
         response = pb.ModelInferResponse(model_name=self.name, model_version=VERSION, id=request.id)
         for name in wanted:
             array = results[name]
@@ -153,8 +209,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
                 raise _invalid(f"unknown input '{name}'; the model takes {', '.join(self.inputs)}")
             if name in inputs:
                 raise _invalid(f"input '{name}' is given twice")
-            if "shared_memory_region" in tensor.parameters:
-                raise _invalid(f"input '{name}': shared memory is not supported; send the data in the request")
+            try:
+                check_input(name, _params(tensor.parameters))
+            except RequestError as exc:
+                raise _invalid(str(exc)) from None
             datatype = DATATYPES[spec.dtype]
             if tensor.datatype != datatype:
                 raise _invalid(f"input '{name}': datatype '{tensor.datatype}' does not match the model's {datatype}")
@@ -190,8 +248,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         for output in request.outputs:
             if output.name not in self.outputs:
                 raise _invalid(f"unknown output '{output.name}'; the model gives {', '.join(self.outputs)}")
-            if "shared_memory_region" in output.parameters:
-                raise _invalid(f"output '{output.name}': shared memory is not supported")
+            try:
+                check_output(output.name, _params(output.parameters))
+            except RequestError as exc:
+                raise _invalid(str(exc)) from None
         return [output.name for output in request.outputs]
 
 
@@ -205,7 +265,8 @@ class GrpcServer:
     def __init__(self, runtime: Runtime, host: str = "127.0.0.1", port: int = 8001,
                  max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        in_flight = runtime.config.max_queue + runtime.max_rows
+        # what the Runtime can hold queued and running, and SPARE more that it answers at once (queue full)
+        in_flight = runtime.config.max_queue + runtime.max_rows + SPARE_RPCS
         service = InferenceService(runtime)
         self.server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="temper-grpc"),
@@ -269,6 +330,12 @@ class Unparsable(grpc.ServerInterceptor):
 
         return grpc.unary_unary_rpc_method_handler(answer, request_deserializer=lenient,
                                                    response_serializer=handler.response_serializer)
+
+
+def _params(parameters: Any) -> dict[str, object]:
+    """A protobuf map of InferParameter as plain values, for request_params."""
+    return {key: getattr(value, value.WhichOneof("parameter_choice") or "int64_param")
+            for key, value in parameters.items()}
 
 
 def _invalid(message: str) -> Refused:

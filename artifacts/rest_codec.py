@@ -9,8 +9,9 @@ Bodies. JSON is decoded by orjson straight into numpy arrays; nothing returned k
 JSON alive, so its Python lists are freed before the request queues. `Content-Encoding: gzip` or
 `deflate` bodies are inflated up to the body limit.
 
-Non-finite numbers: JSON (RFC 8259) has no NaN or Infinity. Float inputs holding them are refused
-with 400 (the Runtime's check: an INT8 model would answer them with plausible numbers). An output
+Non-finite numbers: JSON (RFC 8259) has no NaN or Infinity. JSON float inputs that become them (null,
+a number past FP32's range) are refused with 400; binary inputs are passed to the model as they are,
+as Triton does (perf_analyzer's random data holds NaN bit patterns). An output
 holding them cannot be written as JSON: the request fails with 500 saying so, unless it asked for
 that output as binary data, which carries IEEE floats as they are.
 """
@@ -27,13 +28,15 @@ import orjson
 from temper.artifacts.bundle import ServingConfig, TensorSpec
 from temper.artifacts.errors import RequestError
 from temper.artifacts.protocol import DATATYPES, VERSION, WIRE
+from temper.artifacts.request_params import check_input, check_output, queue_timeout_s
 
 BINARY_HEADER = b"inference-header-content-length"
 JSON_TYPE = (b"content-type", b"application/json")
 INFLATE = {b"gzip": 32 + 15, b"x-gzip": 32 + 15, b"deflate": 32 + 15}  # zlib wbits: gzip or zlib header, detected
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
-Decoded = tuple[str | None, dict[str, np.ndarray], list[tuple[str, bool]]]  # request id, inputs, wanted outputs
+# request id, inputs, wanted outputs, queue timeout in seconds (None: the bundle's)
+Decoded = tuple[str | None, dict[str, np.ndarray], list[tuple[str, bool]], float | None]
 
 
 class HttpError(Exception):
@@ -56,6 +59,7 @@ class RestCodec:
         self.max_body_bytes = max_body_bytes
         self.inputs = {spec.name: spec for spec in config.inputs}
         self.outputs = [spec.name for spec in config.outputs]
+        self.timeout_s = config.timeout_s
 
     def decode(self, body: bytes | bytearray, headers: dict[bytes, bytes]) -> Decoded:
         """The request's id, input arrays and wanted outputs; on the worker thread for large bodies.
@@ -67,7 +71,8 @@ class RestCodec:
         request_id = request.get("id")
         if request_id is not None and not isinstance(request_id, str):
             raise RequestError('"id" must be a string')
-        return request_id, self._decode_inputs(request, binary), self._wanted_outputs(request)
+        timeout_s = queue_timeout_s(request.get("parameters"), self.timeout_s)
+        return request_id, self._decode_inputs(request, binary), self._wanted_outputs(request), timeout_s
 
     def _decode_inputs(self, request: dict, binary: memoryview) -> dict[str, np.ndarray]:
         items = request.get("inputs")
@@ -84,6 +89,7 @@ class RestCodec:
                 raise RequestError(f"unknown input {name!r}; the model takes {', '.join(self.inputs)}")
             if name in inputs:
                 raise RequestError(f"input '{name}' is given twice")
+            check_input(name, item.get("parameters"))
             datatype, shape = item.get("datatype"), item.get("shape")
             if datatype != DATATYPES[spec.dtype]:
                 raise RequestError(f"input '{name}': datatype {datatype!r} does not match the model's "
@@ -96,13 +102,16 @@ class RestCodec:
                 if "data" not in item:
                     raise RequestError(f"input '{name}' has neither data nor parameters.binary_data_size")
                 try:
-                    with np.errstate(over="ignore"):  # a float past its dtype's range: Inf, which the runtime refuses
+                    with np.errstate(over="ignore"):  # a float past its dtype's range: Inf, refused below
                         array = np.asarray(item["data"], dtype=dtype)
                 except (ValueError, TypeError, OverflowError) as exc:
                     raise RequestError(f"input '{name}': data is not {datatype}: {exc}") from None
                 if array.size != count:
                     raise RequestError(f"input '{name}': {array.size} data elements for shape {shape} "
                                        f"({count} elements)")
+                if array.dtype.kind == "f" and not np.isfinite(array).all():  # null, or past the dtype's range
+                    raise RequestError(f"input '{name}' holds NaN or infinite values (null, or a number past "
+                                       f"{datatype}'s range); send such values as binary data")
             else:
                 if size != count * dtype.itemsize:
                     raise RequestError(f"input '{name}': binary_data_size {size} for shape {shape} of {datatype} "
@@ -130,6 +139,7 @@ class RestCodec:
             name = item.get("name") if isinstance(item, dict) else None
             if name not in self.outputs:
                 raise RequestError(f"unknown output {name!r}; the model gives {', '.join(self.outputs)}")
+            check_output(name, item.get("parameters"))
             wanted.append((name, _flag(item.get("parameters"), "binary_data", default, f"outputs[{index}].parameters")))
         return wanted
 

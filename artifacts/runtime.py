@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from temper.artifacts import engines, versions
-from temper.artifacts.batcher import Batcher, pad_length
+from temper.artifacts.batcher import Batcher, abandon, pad_length
 from temper.artifacts.bundle import MODEL, ServingConfig, check_describes, read
 from temper.artifacts.counters import OTHER, Counters
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
@@ -147,34 +147,43 @@ class Runtime:
 
     # -- requests ---------------------------------------------------------------------------
 
-    def submit(self, inputs: dict[str, np.ndarray], inline: bool = False) -> concurrent.futures.Future:
+    def submit(self, inputs: dict[str, np.ndarray], inline: bool = False,
+               timeout_s: float | None = None) -> concurrent.futures.Future:
         """Validate now (RequestError), queue (Overloaded when full, Stopped after stop()); the
-        future gets this request's own output rows.
+        future gets this request's own output rows, or RequestTimeout once it has been queued
+        longer than `timeout_s` (default config.timeout_s): it is then dropped, not computed.
 
         With `inline`, a tiny model (self.inline) whose engine is idle runs the request on this
         thread and returns a finished future. Callers that know other requests are about to
         arrive (the server's event loop) pass False so that those can share a batch.
         """
         try:
-            rows = self._validate(inputs, self.max_rows)
+            rows = self._validate(inputs, self.max_rows, finite=False)
         except RequestError:
             self.metrics.record_failure(OTHER)
             raise
-        return self._batcher.submit(inputs, rows, inline and self.inline)
+        return self._batcher.submit(inputs, rows, inline and self.inline, timeout_s)
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """submit() and wait up to config.timeout_s."""
-        future = self.submit(inputs)
+        return self.result(self.submit(inputs), self.config.timeout_s)
+
+    @staticmethod
+    def result(future: concurrent.futures.Future, wait_s: float) -> dict[str, np.ndarray]:
+        """The future's outputs, waiting up to wait_s; then RequestTimeout, and the request is
+        abandoned: dropped if still queued, counted a failure if running (batcher.abandon)."""
         try:
-            return future.result(timeout=self.config.timeout_s)
+            return future.result(timeout=wait_s)
         except concurrent.futures.TimeoutError:
-            future.cancel()  # still queued: the batcher skips it
-            raise RequestTimeout(f"not answered within {self.config.timeout_s}s") from None
+            message = f"not answered within {wait_s:.3g}s"
+            if abandon(future, message):
+                raise RequestTimeout(message) from None
+            return future.result()  # it finished as the wait ended
 
     def run_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run any number of rows directly in chunks of max_batch_size, bypassing the queue
         (offline pyfunc predict on big inputs)."""
-        rows = self._validate(inputs, None)
+        rows = self._validate(inputs, None, finite=True)
         chunks = []
         for start in range(0, rows, self.max_rows):
             began = time.perf_counter_ns()
@@ -182,9 +191,12 @@ class Runtime:
             self.metrics.record_execution(min(self.max_rows, rows - start), 1, 0, time.perf_counter_ns() - began)
         return {name: np.concatenate([c[name] for c in chunks]) for name in self._output_names}
 
-    def _validate(self, inputs: dict[str, np.ndarray], max_rows: int | None) -> int:
-        """Check names, dtypes, ranks, fixed dims and row counts against the config, and that float
-        inputs are finite (an INT8 model answers NaN with plausible logits); the row count."""
+    def _validate(self, inputs: dict[str, np.ndarray], max_rows: int | None, finite: bool) -> int:
+        """Check names, dtypes, ranks, fixed dims and row counts against the config, and with `finite`
+        that float inputs are finite; the row count. run_batch (pyfunc's predict) checks finiteness: an
+        INT8 model answers NaN with plausible logits. The servers' submit() does not: like Triton they
+        pass binary tensors to the model as they are (perf_analyzer's random data holds NaN bit
+        patterns), and JSON, which cannot carry NaN or Inf, is refused in the codec."""
         if not isinstance(inputs, dict):
             raise RequestError(f"inputs must be a dict of arrays, got {type(inputs).__name__}")
         unknown = sorted(set(inputs) - set(self._inputs))
@@ -200,7 +212,7 @@ class Runtime:
                 raise RequestError(f"input {name!r} must be a numpy array, got {type(array).__name__}")
             if array.dtype != np.dtype(spec.dtype):
                 raise RequestError(f"input {name!r} has dtype {array.dtype}, expected {spec.dtype}")
-            if array.dtype.kind == "f" and not np.isfinite(array).all():
+            if finite and array.dtype.kind == "f" and not np.isfinite(array).all():
                 raise RequestError(f"input {name!r} holds NaN or infinite values")
             if array.ndim != len(spec.shape):
                 raise RequestError(f"input {name!r} has shape {list(array.shape)}, "

@@ -42,6 +42,7 @@ from typing import Any
 
 import uvicorn
 
+from temper.artifacts.batcher import abandon
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.http_limits import (
     BODY_TIMEOUT_S,
@@ -64,7 +65,7 @@ from temper.artifacts.rest_codec import (
     tensor_metadata,
 )
 from temper.artifacts.runtime import Runtime
-from temper.artifacts.triton_extensions import PLATFORM, model_config, statistics
+from temper.artifacts.triton_extensions import EXTENSIONS, PLATFORM, model_config, statistics
 
 __all__ = ["InferenceServer", "bind", "body_limit", "serve"]
 
@@ -98,7 +99,7 @@ class InferenceServer:
             "inputs": tensor_metadata(config.inputs), "outputs": tensor_metadata(config.outputs),
         })
         self.server_metadata = encode_json({"name": "temper", "version": VERSION,
-                                            "extensions": ["binary_tensor_data", "model_configuration", "statistics"]})
+                                            "extensions": EXTENSIONS})
         self.exposition = Exposition(runtime, self.connections, lambda: self.failed)
 
     def uvicorn_config(self, **options: Any) -> uvicorn.Config:
@@ -200,23 +201,27 @@ class InferenceServer:
             headers = dict(scope["headers"])
             body = await self._body(headers, receive)
             if len(body) > INLINE_BODY_BYTES or b"content-encoding" in headers:
-                request_id, inputs, wanted = await self._on_worker(self.codec.decode, body, headers)
+                request_id, inputs, wanted, queue_s = await self._on_worker(self.codec.decode, body, headers)
             else:
-                request_id, inputs, wanted = self.codec.decode(body, headers)
+                request_id, inputs, wanted, queue_s = self.codec.decode(body, headers)
             del body  # its JSON text is done with while the request waits (binary inputs are views that keep it)
             if not self.runtime.ready:
                 raise HttpError(503, f"model '{self.name}' is not ready")
         except (HttpError, RequestError):
             self.failed += 1  # never reached the runtime, which counts everything after this
             raise
-        future = self.runtime.submit(inputs, inline=await self._alone())  # RequestError, Overloaded, Stopped
+        # RequestError, Overloaded, Stopped
+        future = self.runtime.submit(inputs, inline=await self._alone(), timeout_s=queue_s)
         if future.done():  # ran inline: no hand-off back to the event loop to wait for
             results = future.result()
         else:
-            try:
+            try:  # wait_for cancels a still-queued future; abandon() fails a running one
                 results = await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_s)
-            except TimeoutError:  # wait_for cancelled the future: a still-queued request is dropped
-                raise RequestTimeout(f"not answered within {self.timeout_s}s") from None
+            except TimeoutError:
+                message = f"not answered within {self.timeout_s}s"
+                if abandon(future, message):  # dropped if queued, a failure if running: never a success
+                    raise RequestTimeout(message) from None
+                results = future.result()
         try:
             if sum(results[name].size for name, binary in wanted if not binary) > INLINE_OUTPUT_ELEMENTS:
                 return await self._on_worker(self.codec.encode, request_id, results, wanted)

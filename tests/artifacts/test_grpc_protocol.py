@@ -39,9 +39,10 @@ tiny, served, client = grpc_servers.tiny, grpc_servers.served, grpc_servers.clie
 def test_health_and_metadata(client: tritongrpc.InferenceServerClient) -> None:
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready(MODEL) and client.is_model_ready(MODEL, "1")
-    assert client.get_server_metadata(as_json=True)["name"] == "temper"
+    assert client.get_server_metadata(as_json=True) == {  # as REST's /v2 says, and Triton's extension names
+        "name": "temper", "version": "1", "extensions": ["binary_tensor_data", "model_configuration", "statistics"]}
     assert client.get_model_metadata(MODEL, as_json=True) == {
-        "name": MODEL, "versions": ["1"], "platform": "onnxruntime",
+        "name": MODEL, "versions": ["1"], "platform": "onnxruntime_onnx",
         "inputs": [{"name": "x", "datatype": "FP32", "shape": ["-1", "4"]},
                    {"name": "ids", "datatype": "INT64", "shape": ["-1", "3"]}],
         "outputs": [{"name": "y", "datatype": "FP32", "shape": ["-1", "2"]},

@@ -71,6 +71,26 @@ def test_a_request_its_caller_gave_up_on_is_canceled_not_run(tmp_path: Path, sta
     assert metrics["failures"] == {"REJECTED": 0, "CANCELED": 1, "BACKEND": 0, "OTHER": 0}
 
 
+def test_a_request_running_when_its_caller_gives_up_is_a_failure_not_a_success(tmp_path: Path, started) -> None:
+    """The caller got a timeout: the run it left behind finishes, and counts CANCELED, never a success."""
+    runtime = started(runtime_for(slow_model(tmp_path), tmp_path, max_batch_size=8))
+    x = np.ones((8, 512), np.float32)  # ~80 ms of compute
+    future = runtime.submit({"x": x})
+    deadline = time.monotonic() + 30
+    while not future.running():  # taken into a batch: cancelling it is too late
+        assert time.monotonic() < deadline
+        time.sleep(0.0005)
+    with pytest.raises(RequestTimeout):
+        runtime.result(future, 0.0001)
+    while runtime.metrics.snapshot()["execution_count"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    metrics = runtime.metrics.snapshot()
+    assert (metrics["request_success"], metrics["request_failure"]) == (0, 1)
+    assert metrics["failures"]["CANCELED"] == 1
+    assert runtime.infer({"x": x[:1]})["y"].shape == (1, 1)
+
+
 def test_ready_only_after_start_and_stop_fails_queued_requests(tmp_path: Path) -> None:
     runtime = runtime_for(linear_model(tmp_path), tmp_path)
     assert not runtime.ready

@@ -59,13 +59,19 @@ def test_overload_is_503_and_the_server_recovers(slow_model: Path, tmp_path: Pat
 
 
 def test_request_not_answered_in_time_is_504(slow_model: Path, tmp_path: Path) -> None:
-    folder = _bundle(tmp_path / "bundle", slow_model, "slow", timeout_s=0.001)
+    folder = _bundle(tmp_path / "bundle", slow_model, "slow", timeout_s=0.01, max_batch_size=64)
     with Served(Runtime(folder)) as served:
         c = Client(served.port)
-        status, _, body = c.infer(_slow_request(0, rows=16), model="slow")  # ~100 ms of compute here
+        status, _, body = c.infer(_slow_request(0, rows=64), model="slow")  # tens of ms of compute
         assert status == 504 and "not answered within" in json.loads(body)["error"], (status, body)
         assert c.call("GET", "/v2/health/live")[0] == 200
         c.close()
+        counters, deadline = served.app.runtime.metrics, time.monotonic() + 30
+        while sum(counters.snapshot()[k] for k in ("request_success", "request_failure")) < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)  # the run the client stopped waiting for finishes
+    metrics = counters.snapshot()  # the client got a 504: a failure, not a success, whether it ran or not
+    assert (metrics["request_success"], metrics["request_failure"]) == (0, 1), metrics
 
 
 def test_requests_queued_when_the_runtime_stops_are_503_and_the_server_answers_on(slow_model: Path,

@@ -1,0 +1,101 @@
+"""Triton's perf_analyzer runs unchanged against a real `temper serve`, over HTTP and gRPC, with its
+default random input data (whose FP32 bit patterns include NaNs) and its server-side breakdown
+(read from /stats, or ModelStatistics over gRPC).
+
+perf_analyzer comes from tests/tools/perf_analyzer.sh, which `make test` runs first; when it cannot
+be installed (no package index, no apt) this test fails, it never skips: CI is meant to run it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+pytest.importorskip("grpc")
+tritongrpc = pytest.importorskip("tritonclient.grpc")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from tests.artifacts.servers import _bundle, _free_port  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
+
+MODEL = "digits-cnn"
+
+
+def _cnn(path: Path) -> Path:
+    """A digits-like FP32 CNN: image [batch, 1, 8, 8] -> Conv 3x3, Relu, Flatten, MatMul -> logits [batch, 10]."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((4, 1, 3, 3)) / 3).astype(np.float32), "W")
+    fc = numpy_helper.from_array((rng.standard_normal((144, 10)) / 12).astype(np.float32), "FC")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["image", "W"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("Flatten", ["r"], ["f"]), helper.make_node("MatMul", ["f", "FC"], ["logits"])],
+        "cnn", [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 1, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])], [w, fc])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def perf_analyzer() -> Path:
+    """The installed perf_analyzer wrapper (installed now if `make test` did not do it already)."""
+    setup = subprocess.run(["bash", str(REPO / "tests/tools/perf_analyzer.sh")], capture_output=True, text=True,
+                           env={**os.environ, "PYTHON": sys.executable}, timeout=600)
+    if setup.returncode != 0:
+        pytest.fail(f"perf_analyzer could not be installed (tests/tools/perf_analyzer.sh): {setup.stderr.strip()}")
+    return Path(setup.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
+    """`temper serve` of the CNN's bundle on REST and gRPC, ready: (port, grpc_port)."""
+    root = tmp_path_factory.mktemp("cnn")
+    folder = _bundle(root / "bundle", _cnn(root / "cnn.onnx"), MODEL)
+    port, grpc_port = _free_port(), _free_port()
+    code = "import sys; from temper.pipeline.cli import main; sys.argv[0] = 'temper'; main()"
+    process = subprocess.Popen([sys.executable, "-c", code, "serve", str(folder), "--port", str(port),
+                                "--grpc-port", str(grpc_port)], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        client = tritongrpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        for _ in range(600):
+            assert process.poll() is None, process.communicate()
+            try:
+                if client.is_model_ready(MODEL):
+                    break
+            except InferenceServerException:
+                pass
+            time.sleep(0.1)
+        client.close()
+        yield port, grpc_port
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    assert "Traceback" not in stderr, stderr
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_measures_temper_serve(perf_analyzer: Path, serving: tuple[int, int], protocol: str) -> None:
+    port = serving[0] if protocol == "http" else serving[1]
+    run = subprocess.run([str(perf_analyzer), "-m", MODEL, "-i", protocol, "-u", f"127.0.0.1:{port}",
+                          "--measurement-interval", "300", "--concurrency-range", "1:4:3",
+                          "--stability-percentage", "1000", "--max-trials", "10"],
+                         capture_output=True, text=True, timeout=300)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    throughputs = [float(t) for t in re.findall(r"Concurrency: \d+, throughput: ([\d.]+) infer/sec", output)]
+    assert len(throughputs) == 2 and all(t > 0 for t in throughputs), output
+    # the server-side breakdown, from temper's statistics: every request it counts succeeded
+    served = [int(n) for n in re.findall(r"Server: \n\s+Inference count: \d+\n\s+Execution count: \d+\n"
+                                         r"\s+Successful request count: (\d+)", output)]
+    assert len(served) == 2 and all(n > 0 for n in served), output
+    assert "Avg request latency" in output and "compute infer" in output, output

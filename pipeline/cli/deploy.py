@@ -144,14 +144,17 @@ def export_triton(
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Write a Triton model repository (config.pbtxt with dynamic batching and warm-up) for a published model."""
-    from temper.artifacts.triton import export_repository
+    from temper.artifacts.bundle import read
+    from temper.artifacts.triton import export_repository, no_batching
 
     with _bundle(model, tracking_uri) as (folder, unchecked):
         try:
             written = export_repository(folder, dest, instances=instances, kind=kind)
         except Exception as exc:  # not a bundle, a bad --kind, a foreign folder in the way
             raise RecipeError(model, "MODEL", first_line(exc)) from exc
+        unbatched = no_batching(read(folder))
     _warn(unchecked)  # once it is done: an error stays the one line it is
+    _warn(unbatched)
     out.print(f"wrote Triton model {written.name} to {dest}:")
     for item in sorted(written.rglob("*")):
         if item.is_file():

@@ -20,9 +20,9 @@ from temper.validators.fidelity import compare
 
 
 def dynamic_axes(spec: ModelSpec) -> dict[str, dict[int, str]]:
-    """Symbolic dims of the recipe's inputs; outputs share the first input's leading (batch) dim."""
+    """Symbolic dims of the recipe's inputs; outputs share the first batched input's batch dim, on axis 0."""
     axes = {i.name: {a: d for a, d in enumerate(i.shape) if isinstance(d, str)} for i in spec.inputs}
-    lead = spec.inputs[0].shape[0]
+    lead = next(i.shape[i.batch_axis] for i in spec.inputs if i.batch_axis is not None)  # the recipe has one
     if isinstance(lead, str):
         axes.update({name: {0: lead} for name in spec.outputs})
     return {k: v for k, v in axes.items() if v}
@@ -67,7 +67,7 @@ def export(module: torch.nn.Module, spec: ModelSpec, sample: Batch, dst: Path, s
     if len(expected_list) != len(spec.outputs):
         raise StepFailed(f"export: the module returns {len(expected_list)} outputs "
                          f"but model.outputs names {len(spec.outputs)}")
-    got = onnx_io.run(dst, feed)
+    got = onnx_io.run(dst, feed, onnx_io.layout_of(spec.inputs))
     for name, ref, out in zip(spec.outputs, expected_list, got):
         result = compare(name, ref.detach().numpy(), out, atol=opts.atol, rtol=opts.rtol)
         if not result.within_tolerance:

@@ -14,8 +14,9 @@ from types import ModuleType
 import numpy as np
 import onnx
 
+from temper.artifacts.layout import AXIS0, Layout
 from temper.pipeline import onnx_io
-from temper.pipeline.errors import EnvironmentProblem, OptionError
+from temper.pipeline.errors import EnvironmentProblem, OptionError, StepFailed
 from temper.pipeline.onnx_io import Batch
 from temper.pipeline.step_options import QuantizeOptions
 
@@ -52,7 +53,12 @@ def validate(options: QuantizeOptions) -> None:
         raise OptionError(ignored[0], "backend: modelopt chooses its own histogram; remove this option")
 
 
-def quantize(src: Path, dst: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Path, large: bool) -> None:
+def quantize(src: Path, dst: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Path, large: bool,
+             layout: Layout = AXIS0) -> None:
+    moved = [name for name, axis in layout.inputs.items() if axis != 0]
+    if moved:  # it concatenates and steps through calibration data on axis 0
+        raise StepFailed(f"quantize: backend modelopt calibrates inputs batched on axis 0 only, and '{moved[0]}' "
+                         f"{'is a constant' if layout.inputs[moved[0]] is None else 'is not'}: use backend: ort")
     moq = require()
     local = scratch / "modelopt_input.onnx"  # ModelOpt writes its intermediate files beside its input
     onnx_io.save(onnx.load(str(src)), local)

@@ -262,7 +262,8 @@ def _bound_call(session: ort.InferenceSession, feed: dict[str, np.ndarray], devi
     """
     binding = session.io_binding()
     for name, array in feed.items():
-        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, 0))
+        contiguous = np.require(array, requirements="C")  # np.ascontiguousarray makes a scalar [1]
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(contiguous, device, 0))
     for output in session.get_outputs():
         binding.bind_output(output.name, device, 0)
     binding.synchronize_inputs()

@@ -10,6 +10,10 @@ requests than the previous batch did, i.e. only when recent traffic showed concu
 clients. A lone sequential client therefore never pays the delay, and 2 closed-loop
 clients are not held back waiting for a 16-row batch that will never fill.
 
+Rows are joined along each input's own batch axis (runtime.json `batch_axis`: Silero VAD's state
+[2, batch, 128] on axis 1) and split along each output's. An input without one (a sample rate, a
+constant) is not batched: requests share a batch only when they send the same value.
+
 Tiny models skip the batcher when it is idle: a request that finds nothing queued and nothing
 running is run on the caller's thread (submit(inline=True)), saving the two thread hand-offs
 (batcher wake-up, answer back) that cost more than the run itself.
@@ -39,6 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from temper.artifacts import layout
 from temper.artifacts.bundle import ServingConfig
 from temper.artifacts.counters import BACKEND, CANCELED, REJECTED, Counters
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
@@ -100,7 +105,9 @@ class Batcher:
         self.counters = counters
         self._run = run
         self._inputs = [spec.name for spec in config.inputs]
-        self._dynamic_axis1 = {s.name for s in config.outputs if len(s.shape) > 1 and s.shape[1] == -1}
+        self._layout = config.layout()
+        self._dynamic_axis1 = {s.name for s in config.outputs
+                               if s.batch_axis == 0 and len(s.shape) > 1 and s.shape[1] == -1}
         self._queue: deque[_Request] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -149,8 +156,7 @@ class Batcher:
         with `inline`, run it on this thread instead when nothing is queued or running. It is dropped
         unrun once queued longer than `timeout_s` (default: config.timeout_s)."""
         length = pad_length(inputs, self.config.pad)
-        key = tuple(inputs[name].shape[2 if name in self.config.pad else 1 :] for name in self._inputs)
-        request = _Request(dict(inputs), rows, length, key, concurrent.futures.Future())
+        request = _Request(dict(inputs), rows, length, self._key(inputs), concurrent.futures.Future())
         wait_s = self.config.timeout_s if timeout_s is None else timeout_s
         request.deadline_ns = request.arrived_ns + int(wait_s * 1e9)
         with self._cond:
@@ -171,6 +177,19 @@ class Batcher:
         if run_here:
             self._run_inline(request)
         return request.future
+
+    def _key(self, inputs: Arrays) -> tuple:
+        """What requests must share to join one batch: every dim but the batch axis (and the padded axis 1)
+        of the batched inputs, and the very value of the unbatched ones."""
+        key: list[object] = []
+        for name in self._inputs:
+            array, axis = inputs[name], self._layout.inputs.get(name, 0)
+            if axis is None:
+                key.append((array.dtype.str, array.shape, array.tobytes()))
+            else:
+                key.append(tuple(d for i, d in enumerate(array.shape)
+                                 if i != axis and not (i == 1 and name in self.config.pad)))
+        return tuple(key)
 
     def _idle(self) -> bool:
         """Whether a request may run inline: serving, nothing queued or running. Called with the lock held."""
@@ -289,36 +308,30 @@ class Batcher:
                 self.counters.record_success(done - request.arrived_ns)
 
     def _merge(self, batch: list[_Request]) -> Arrays:
-        """Concatenate the batch's rows, padding config.pad inputs on axis 1 to the longest."""
+        """Join the batch's rows along each input's batch axis, padding config.pad inputs on axis 1 to the longest."""
         if len(batch) == 1:
             return batch[0].inputs
         longest = max(r.length or 0 for r in batch)
-        merged = {}
-        for name in self._inputs:
-            parts = [r.inputs[name] for r in batch]
-            if name in self.config.pad:
-                value = self.config.pad[name]
-                parts = [_pad_axis1(p, longest, value) for p in parts]
-            merged[name] = np.concatenate(parts)
-        return merged
+        parts = [{name: _pad_axis1(r.inputs[name], longest, self.config.pad[name]) if name in self.config.pad
+                  else r.inputs[name] for name in self._inputs} for r in batch]
+        return self._layout.join(parts)
 
     def _split(self, batch: list[_Request], outputs: Arrays) -> list[Arrays]:
-        """Each request's rows; padded-length outputs sliced back to the request's own length."""
+        """Each request's rows of every output, along its batch axis; padded-length outputs sliced back to the
+        request's own length."""
         total = sum(r.rows for r in batch)
+        axes = self._layout.outputs
         for name, array in outputs.items():
-            if array.ndim == 0 or array.shape[0] != total:
-                raise RuntimeError(f"output {name!r} has shape {list(array.shape)}: not batch-major over {total} rows")
+            axis = axes.get(name, 0)
+            if axis is not None and (array.ndim <= axis or array.shape[axis] != total):
+                raise RuntimeError(f"output {name!r} has shape {list(array.shape)}: "
+                                   f"not {total} rows on its batch axis {axis}")
         longest = max(r.length or 0 for r in batch)
-        results, offset = [], 0
-        for request in batch:
-            own = {}
-            for name, array in outputs.items():
-                part = array[offset : offset + request.rows]
+        results = layout.split(outputs, axes, [r.rows for r in batch])
+        for request, own in zip(batch, results):
+            for name, array in own.items():
                 if request.length is not None and name in self._dynamic_axis1 and array.shape[1] == longest:
-                    part = part[:, : request.length]
-                own[name] = part
-            results.append(own)
-            offset += request.rows
+                    own[name] = array[:, : request.length]
         return results
 
 

@@ -16,12 +16,14 @@ import json
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 import onnx
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from temper.artifacts.host import HostProfile
+from temper.artifacts.layout import Layout, default_axes
 from temper.artifacts.session import SessionSettings
 
 MODEL = "model.onnx"
@@ -34,7 +36,22 @@ class TensorSpec(BaseModel):
 
     name: str
     dtype: DTypeName
-    shape: list[int]  # -1 = dynamic; the first dim is the batch dim
+    shape: list[int]  # -1 = dynamic
+    batch_axis: int | None = Field(
+        0, ge=0, description="the axis holding a batch's rows (default 0; a rank-0 tensor has none); null: not "
+                             "batched, one tensor for every row, equal across the requests of a batch")
+    value: int | float | bool | list[Any] | None = Field(
+        None, description="a constant input's value (recipe model.inputs[].value): a request may leave the input out")
+
+    @model_validator(mode="after")
+    def _axis(self) -> TensorSpec:
+        if not self.shape and "batch_axis" not in self.model_fields_set:
+            self.batch_axis = None  # a scalar has no batch axis; runtime.json files before batch_axis say nothing
+        if self.batch_axis is not None and self.batch_axis >= len(self.shape):
+            raise ValueError(f"{self.name}: batch_axis {self.batch_axis} is past the end of shape {self.shape}")
+        if self.value is not None and np.shape(self.value) != tuple(self.shape):
+            raise ValueError(f"{self.name}: value has shape {list(np.shape(self.value))}, not {self.shape}")
+        return self
 
 
 class ServingConfig(BaseModel):
@@ -71,11 +88,38 @@ class ServingConfig(BaseModel):
                     "warns when it runs on others",
     )
 
+    def layout(self) -> Layout:
+        """The batch axes and constants of the model's tensors, as the batcher joins and splits requests."""
+        return Layout({s.name: s.batch_axis for s in self.inputs}, {s.name: s.batch_axis for s in self.outputs},
+                      {s.name: np.asarray(s.value, dtype=s.dtype) for s in self.inputs if s.value is not None})
 
-def tensor_specs(values: list[onnx.ValueInfoProto]) -> list[TensorSpec]:
-    """ONNX graph inputs/outputs as TensorSpecs (symbolic or unknown dims become -1)."""
-    return [TensorSpec(name=name, dtype=dtype, shape=shape)
-            for name, (dtype, shape) in _dtypes_and_shapes(values).items()]
+
+def example_inputs(config: ServingConfig, rows: int, dynamic: int) -> dict[str, np.ndarray]:
+    """Zeros of `rows` rows on each input's batch axis, `dynamic` long on its other dynamic dims, and the
+    constant inputs' values: a valid request for warm-ups and examples."""
+    def zeros(spec: TensorSpec) -> np.ndarray:
+        return np.zeros([rows if axis == spec.batch_axis else d if d > 0 else dynamic
+                         for axis, d in enumerate(spec.shape)], dtype=spec.dtype)
+
+    return {s.name: zeros(s) for s in config.inputs} | dict(config.layout().constants)
+
+
+def tensor_specs(values: list[onnx.ValueInfoProto], axes: dict[str, int | None] | None = None,
+                 constants: dict[str, np.ndarray] | None = None) -> list[TensorSpec]:
+    """ONNX graph inputs/outputs as TensorSpecs (symbolic or unknown dims become -1), with the batch axes
+    `axes` names (default 0, none for a scalar) and the constant inputs' values."""
+    specs = []
+    for value in values:
+        tensor = value.type.tensor_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name
+        shape = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
+        extra: dict[str, Any] = {}
+        if axes is not None and value.name in axes:
+            extra["batch_axis"] = axes[value.name]
+        if constants and value.name in constants:
+            extra["value"] = constants[value.name].tolist()
+        specs.append(TensorSpec(name=value.name, dtype=dtype, shape=shape, **extra))
+    return specs
 
 
 def check_describes(config: ServingConfig, model_path: Path) -> None:
@@ -114,13 +158,17 @@ def _dtypes_and_shapes(values: Iterable[onnx.ValueInfoProto]) -> dict[str, tuple
     return found
 
 
-def config_for(model_path: Path, name: str, **serving: object) -> ServingConfig:
-    """A ServingConfig describing `model_path`'s real graph inputs and outputs."""
+def config_for(model_path: Path, name: str, layout: Layout | None = None, **serving: object) -> ServingConfig:
+    """A ServingConfig describing `model_path`'s real graph inputs and outputs, batched as `layout` says
+    (without one: each input's axis named like the first input's batch dim, else 0; each output's 0)."""
     model = onnx.load(str(model_path), load_external_data=False)
     initializers = {i.name for i in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in initializers]
-    return ServingConfig(name=name, inputs=tensor_specs(inputs), outputs=tensor_specs(list(model.graph.output)),
-                         **serving)
+    if layout is None:
+        layout = Layout(default_axes({v.name: [d.dim_value or d.dim_param or None for d in v.type.tensor_type.shape.dim]
+                                      for v in inputs}))
+    return ServingConfig(name=name, inputs=tensor_specs(inputs, dict(layout.inputs), dict(layout.constants)),
+                         outputs=tensor_specs(list(model.graph.output), dict(layout.outputs)), **serving)
 
 
 def write(dest: Path, model_path: Path, config: ServingConfig, extras: Sequence[Path] = ()) -> Path:

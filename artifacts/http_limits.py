@@ -48,12 +48,14 @@ def body_limit(config: ServingConfig) -> int:
     largest form a valid request takes (binary tensor data is 3-30x smaller), at least
     MIN_BODY_BYTES. MAX_BODY_BYTES when an input has a dynamic non-batch dim (a sequence
     length): the model does not bound the size then."""
-    fixed = [s.shape[0] for s in config.inputs if s.shape and s.shape[0] > 0]
+    fixed = [s.shape[s.batch_axis] for s in config.inputs if s.batch_axis is not None and s.shape[s.batch_axis] > 0]
     rows = min([config.max_batch_size, *fixed])
-    if any(d < 0 for s in config.inputs for d in s.shape[1:]):
+    other = {s.name: [d for axis, d in enumerate(s.shape) if axis != s.batch_axis] for s in config.inputs}
+    if any(d < 0 for dims in other.values() for d in dims):
         return MAX_BODY_BYTES
-    elements = sum(math.prod(s.shape[1:]) for s in config.inputs)
-    return max(MIN_BODY_BYTES, rows * elements * JSON_BYTES_PER_ELEMENT)
+    batched = sum(math.prod(other[s.name]) for s in config.inputs if s.batch_axis is not None)
+    once = sum(math.prod(other[s.name]) for s in config.inputs if s.batch_axis is None)  # a constant: not per row
+    return max(MIN_BODY_BYTES, (rows * batched + once) * JSON_BYTES_PER_ELEMENT)
 
 
 def connection_limit() -> int:

@@ -10,8 +10,9 @@ import onnxruntime as ort
 from google.protobuf.message import EncodeError
 
 from temper.artifacts.errors import OptionError
+from temper.artifacts.layout import AXIS0, Layout
 
-Batch = dict[str, np.ndarray]
+Batch = dict[str, np.ndarray]  # a feed in the model's layout: rows on each input's batch axis, constants included
 
 
 def load_structure(path: Path) -> onnx.ModelProto:
@@ -48,8 +49,21 @@ def dims(model: onnx.ModelProto) -> dict[str, list[int | str | None]]:
     return out
 
 
-def fit_batch(model: onnx.ModelProto, batch: Batch) -> Batch:
-    """Feed for `model` from `batch`: keep its inputs, cut a fixed leading (batch) dim down to size.
+def fixed_batch(model: onnx.ModelProto, layout: Layout = AXIS0) -> int | None:
+    """The batch dim the model's inputs fix (on each one's batch axis in `layout`), the smallest where they
+    differ; None when it is symbolic (any batch runs)."""
+    sizes = []
+    for name, shape in dims(model).items():
+        axis = layout.inputs.get(name, 0)
+        dim = shape[axis] if axis is not None and axis < len(shape) else None
+        if isinstance(dim, int) and dim > 0:
+            sizes.append(dim)
+    return min(sizes) if sizes else None
+
+
+def fit_batch(model: onnx.ModelProto, batch: Batch, layout: Layout = AXIS0) -> Batch:
+    """Feed for `model` from `batch`: keep its inputs, cut a fixed batch dim (on each input's batch axis
+    in `layout`, default 0) down to size.
 
     Other fixed dims must already match; a mismatch is reported, never silently padded.
     """
@@ -57,9 +71,11 @@ def fit_batch(model: onnx.ModelProto, batch: Batch) -> Batch:
     for name, shape in dims(model).items():
         if name not in batch:
             raise OptionError(name, f"model input '{name}' is not in the data (data has {', '.join(sorted(batch))})")
-        array = batch[name]
-        if shape and isinstance(shape[0], int) and shape[0] > 0 and array.shape[0] > shape[0]:
-            array = array[: shape[0]]
+        array, lead = batch[name], layout.inputs.get(name, 0)
+        if lead is not None and lead < len(shape) and array.ndim > lead:
+            fixed = shape[lead]
+            if isinstance(fixed, int) and 0 < fixed < array.shape[lead]:
+                array = array[(slice(None),) * lead + (slice(0, fixed),)]
         for axis, want in enumerate(shape):
             if isinstance(want, int) and want > 0 and (axis >= array.ndim or array.shape[axis] != want):
                 raise OptionError(name, f"data has shape {list(array.shape)} but the model wants {shape}")
@@ -67,7 +83,7 @@ def fit_batch(model: onnx.ModelProto, batch: Batch) -> Batch:
     return feed
 
 
-def run(path: Path, batch: Batch) -> list[np.ndarray]:
+def run(path: Path, batch: Batch, layout: Layout = AXIS0) -> list[np.ndarray]:
     """Run one batch on CPU, adapting the batch to fixed input dims."""
     sess = session(path)
-    return sess.run(None, fit_batch(load_structure(path), batch))
+    return sess.run(None, fit_batch(load_structure(path), batch, layout))

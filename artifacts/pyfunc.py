@@ -30,8 +30,9 @@ from mlflow.models.model import ModelInfo
 from mlflow.pyfunc.model import PythonModel, PythonModelContext
 from mlflow.types import Schema, TensorSpec
 
-from temper.artifacts.bundle import ServingConfig, read
+from temper.artifacts.bundle import ServingConfig, example_inputs, read
 from temper.artifacts.integrity import Mismatch, check_bundle
+from temper.artifacts.layout import to_axis
 from temper.artifacts.runtime import RequestError, Runtime
 
 REQUIREMENTS = ("onnxruntime", "numpy", "pandas", "mlflow", "onnx", "pydantic", "psutil", "platformdirs")
@@ -82,8 +83,8 @@ def as_inputs(model_input: object, config: ServingConfig) -> dict[str, np.ndarra
         unknown = sorted(set(model_input.columns) - set(dtypes))
         if unknown:
             raise RequestError(f"unknown input column(s) {unknown}; expected {sorted(dtypes)}")
-        return {name: np.stack([np.asarray(cell) for cell in model_input[name]]).astype(dtypes[name])
-                for name in model_input.columns}
+        axes = config.layout().inputs  # a cell is one row: rows go to each input's batch axis
+        return {name: _column(model_input[name], dtypes[name], axes.get(name, 0)) for name in model_input.columns}
     if isinstance(model_input, np.ndarray):
         if len(config.inputs) != 1:
             raise RequestError(f"this model has {len(config.inputs)} inputs; "
@@ -91,6 +92,17 @@ def as_inputs(model_input: object, config: ServingConfig) -> dict[str, np.ndarra
         return {config.inputs[0].name: model_input}
     raise RequestError(f"unsupported input type {type(model_input).__name__}: "
                        "pass a dict of arrays, an array or a DataFrame")
+
+
+def _column(cells: pd.Series, dtype: str, axis: int | None) -> np.ndarray:
+    """A DataFrame column as one input: its rows on the batch axis, or for an unbatched input (a constant)
+    the one value every row holds."""
+    stacked = np.stack([np.asarray(cell) for cell in cells]).astype(dtype)
+    if axis is None:
+        if len(stacked) and not (stacked == stacked[:1]).all():
+            raise RequestError(f"input {cells.name!r} is not batched: every row must hold the same value")
+        return stacked[0]
+    return to_axis(stacked, axis)
 
 
 def conform(inputs: dict[str, np.ndarray], config: ServingConfig) -> dict[str, np.ndarray]:
@@ -131,10 +143,7 @@ def signature(config: ServingConfig) -> ModelSignature:
 
 def input_example(config: ServingConfig) -> dict[str, np.ndarray]:
     """One row of zeros, dynamic dims set to 8: small, valid and cheap to validate at log time."""
-    return {
-        s.name: np.zeros([1] + [d if d > 0 else EXAMPLE_DYNAMIC_DIM for d in s.shape[1:]], dtype=s.dtype)
-        for s in config.inputs
-    }
+    return example_inputs(config, 1, EXAMPLE_DYNAMIC_DIM)
 
 
 def pinned_requirements() -> list[str]:

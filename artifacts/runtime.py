@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from temper.artifacts import engines, versions
+from temper.artifacts import engines, layout, versions
 from temper.artifacts.batcher import Batcher, abandon, pad_length
-from temper.artifacts.bundle import MODEL, ServingConfig, check_describes, read
+from temper.artifacts.bundle import MODEL, ServingConfig, check_describes, example_inputs, read
 from temper.artifacts.counters import OTHER, Counters
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.host import HostProfile, profile, usable_cores
@@ -57,7 +57,9 @@ class Runtime:
         check_describes(self.config, self.bundle / MODEL)  # ValueError: a config of another model
         self.metrics = Counters()
         self._inputs = {spec.name: spec for spec in self.config.inputs}
-        fixed_batch = {s.shape[0] for s in self.config.inputs if s.shape and s.shape[0] > 0}
+        self._layout = self.config.layout()
+        fixed_batch = {s.shape[s.batch_axis] for s in self.config.inputs
+                       if s.batch_axis is not None and s.shape[s.batch_axis] > 0}
         self._fixed_batch = min(fixed_batch) if fixed_batch else None
         self.max_rows = min([self.config.max_batch_size, *fixed_batch])
         self.host_warning: str | None = _host_warning(self.config.measured_on)  # once: profile() probes the host
@@ -140,10 +142,7 @@ class Runtime:
         self._batcher.stop()
 
     def _warmup_inputs(self, rows: int) -> dict[str, np.ndarray]:
-        return {
-            s.name: np.zeros([rows] + [d if d > 0 else WARMUP_DYNAMIC_DIM for d in s.shape[1:]], dtype=s.dtype)
-            for s in self.config.inputs
-        }
+        return example_inputs(self.config, rows, WARMUP_DYNAMIC_DIM)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -158,6 +157,7 @@ class Runtime:
         arrive (the server's event loop) pass False so that those can share a batch.
         """
         try:
+            inputs = self._complete(inputs)
             rows = self._validate(inputs, self.max_rows, finite=False)
         except RequestError:
             self.metrics.record_failure(OTHER)
@@ -183,16 +183,24 @@ class Runtime:
     def run_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run any number of rows directly in chunks of max_batch_size, bypassing the queue
         (offline pyfunc predict on big inputs)."""
+        inputs = self._complete(inputs)
         rows = self._validate(inputs, None, finite=True)
         chunks = []
         for start in range(0, rows, self.max_rows):
             began = time.perf_counter_ns()
-            chunks.append(self._run({name: a[start : start + self.max_rows] for name, a in inputs.items()}))
+            chunks.append(self._run(self._layout.take(inputs, start, start + self.max_rows)))
             self.metrics.record_execution(min(self.max_rows, rows - start), 1, 0, time.perf_counter_ns() - began)
-        return {name: np.concatenate([c[name] for c in chunks]) for name in self._output_names}
+        return layout.join(chunks, self._layout.outputs)
+
+    def _complete(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The request with the constant inputs it left out (runtime.json `value`) filled in."""
+        if not isinstance(inputs, dict) or not self._layout.constants:
+            return inputs
+        return {**{k: v for k, v in self._layout.constants.items() if k not in inputs}, **inputs}
 
     def _validate(self, inputs: dict[str, np.ndarray], max_rows: int | None, finite: bool) -> int:
-        """Check names, dtypes, ranks, fixed dims and row counts against the config, and with `finite`
+        """Check names, dtypes, ranks, fixed dims and row counts (on each input's batch axis) against the
+        config, and with `finite`
         that float inputs are finite; the row count. run_batch (pyfunc's predict) checks finiteness: an
         INT8 model answers NaN with plausible logits. The servers' submit() does not: like Triton they
         pass binary tensors to the model as they are (perf_analyzer's random data holds NaN bit
@@ -218,13 +226,14 @@ class Runtime:
                 raise RequestError(f"input {name!r} has shape {list(array.shape)}, "
                                    f"expected rank {len(spec.shape)} like {spec.shape}")
             for axis, (got, want) in enumerate(zip(array.shape, spec.shape)):
-                if axis and want > 0 and got != want:
+                if axis != spec.batch_axis and want > 0 and got != want:
                     raise RequestError(f"input {name!r} has shape {list(array.shape)}, "
                                        f"expected {spec.shape} (-1 = any)")
-            rows.add(array.shape[0])
+            if spec.batch_axis is not None:
+                rows.add(array.shape[spec.batch_axis])
         if len(rows) > 1:
-            raise RequestError(f"inputs disagree on the number of rows: {sorted(rows)}")
-        (n,) = rows
+            raise RequestError(f"inputs disagree on the number of rows (on their batch axes): {sorted(rows)}")
+        (n,) = rows or {1}
         if n < 1:
             raise RequestError("a request needs at least one row")
         if self._fixed_batch and n % self._fixed_batch:

@@ -14,7 +14,12 @@ dim out, and the dynamic batcher gets the bundle's delay, queue bound and timeou
 tensor has a fixed first dim (say an export traced at batch 1), the model cannot take a
 batch: Triton's `max_batch_size: 0` means exactly that, dims then spell the full shape,
 batch dim included, and there is no dynamic batcher (Triton has nothing to batch), so
-runtime.json's batching, queue and timeout settings do not apply.
+runtime.json's batching, queue and timeout settings do not apply. The same holds when a tensor
+holds its rows on another axis than 0 (runtime.json `batch_axis`: Silero VAD's state [2, batch,
+128]) or an input is not batched at all (a constant such as a sample rate): Triton batches on
+axis 0 only, so such a model is exported with `max_batch_size: 0` (`no_batching` says why, and
+`temper export-triton` prints it), clients send every input, constants included, and a model
+with constant inputs gets no warm-up (zeros are not the constant's value).
 
 The session settings the speed gates measured with (runtime.json `session`) become the backend's
 `intra_op_thread_count`, `execution_mode` and `optimization.graph.level`; intra-op spinning has no
@@ -144,16 +149,26 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                 yield from _tensors(sub)
 
 
-def batches(config: ServingConfig) -> bool:
-    """Whether Triton can batch the model: every input and output has a dynamic first dim."""
-    return all(spec.shape and spec.shape[0] == -1 for spec in [*config.inputs, *config.outputs])
+def no_batching(config: ServingConfig) -> str | None:
+    """Why Triton cannot batch the bundle's model (one line), or None when it can."""
+    tensors = [*config.inputs, *config.outputs]
+    moved = [f"{s.name} holds its rows on axis {s.batch_axis}" for s in tensors if s.batch_axis not in (0, None)]
+    constant = [s.name if s.value is None else f"{s.name} ({s.value})" for s in config.inputs if s.batch_axis is None]
+    fixed = [s.name for s in tensors if s.batch_axis == 0 and s.shape[0] != -1]
+    reasons = moved + ([f"{', '.join(constant)} {'is' if len(constant) == 1 else 'are'} not batched"] if constant
+                       else []) + ([f"{', '.join(fixed)} has a fixed batch dim"] if fixed else [])
+    if not reasons:
+        return None
+    send = f"; clients send {', '.join(constant)} with every request" if constant else ""
+    return (f"{'; '.join(reasons)}: Triton batches on axis 0 only, so the model is exported with max_batch_size 0 "
+            f"(each request runs as sent, no dynamic batching){send}")
 
 
 def differences(config: ServingConfig) -> list[str]:
     """What this model does differently on Triton than under `temper serve`, one phrase each."""
-    if not batches(config):
-        return ["its first dim is fixed, so Triton does not batch it: max_batch_size, max_delay_ms, max_queue "
-                "and timeout_s do not apply"]
+    reason = no_batching(config)
+    if reason is not None:
+        return [f"{reason}: max_batch_size, max_delay_ms, max_queue and timeout_s do not apply"]
     found = []
     if config.max_delay_ms > 0:
         found.append(f"a lone request waits the full {config.max_delay_ms:g} ms max_queue_delay for a batch "
@@ -167,7 +182,7 @@ def differences(config: ServingConfig) -> list[str]:
 
 def _model_config(config: ServingConfig, platform: str, instances: int, kind: str) -> dict:
     """ModelConfig (model_config.proto) as nested dicts, in the writer's terms."""
-    batching = batches(config)
+    batching = no_batching(config) is None
     fields: dict = {
         "name": config.name,
         "platform": platform,
@@ -189,7 +204,8 @@ def _model_config(config: ServingConfig, platform: str, instances: int, kind: st
     if config.session is not None and platform == "onnxruntime_onnx":
         fields |= _session(config.session)
     sizes = sorted({1, config.max_batch_size}) if batching else [1]
-    fields["model_warmup"] = [_warmup(config.inputs, size, batching) for size in sizes]
+    if not any(spec.value is not None for spec in config.inputs):  # zeros are not a constant's value
+        fields["model_warmup"] = [_warmup(config.inputs, size, batching) for size in sizes]
     return fields
 
 
@@ -212,9 +228,8 @@ def _session(settings: SessionSettings) -> dict:
 
 
 def _dims(spec: TensorSpec, batching: bool) -> list[int]:
-    """Triton dims: without the batch dim when Triton batches, the full shape when it cannot."""
-    if not spec.shape:
-        raise ValueError(f"tensor {spec.name!r} has no known shape; Triton needs its dims")
+    """Triton dims: without the batch dim when Triton batches, the full shape when it cannot ([] for a
+    scalar, which Triton cannot batch)."""
     return spec.shape[1:] if batching else spec.shape
 
 
@@ -223,7 +238,7 @@ def _io(spec: TensorSpec, batching: bool) -> dict:
     dims = _dims(spec, batching)
     if dims:
         io["dims"] = dims
-    else:  # a [batch] tensor: one element per request, which Triton spells dims [1] + empty reshape
+    else:  # a [batch] tensor or a scalar: one element per request, which Triton spells dims [1] + empty reshape
         io["dims"] = [1]
         io["reshape"] = {"shape": []}
     return io

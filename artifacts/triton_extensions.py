@@ -24,7 +24,7 @@ def model_config(runtime: Runtime) -> dict[str, Any]:
     writes it for this bundle, with the instance this server really runs."""
     kind = "KIND_GPU" if PROVIDERS[runtime.engine].gpu else "KIND_CPU"
     config = _model_config(runtime.config, PLATFORM, 1, kind)
-    del config["model_warmup"]  # a repository setting; this server has warmed up already
+    config.pop("model_warmup", None)  # a repository setting; this server has warmed up already
     return {**config, "backend": "onnxruntime"}
 
 

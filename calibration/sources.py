@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,9 @@ TABLE_FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "
 
 @dataclass(frozen=True)
 class Dataset:
-    """Features keyed by model input name (leading dim = samples) and optional labels."""
+    """Features keyed by model input name (leading dim = samples, whatever axis the model holds them on:
+    a batch is laid out for the model when it is formed) and optional labels. Inputs with a constant
+    value in the recipe have no features: they are not data."""
 
     features: dict[str, np.ndarray]
     labels: np.ndarray | None
@@ -31,8 +34,10 @@ class Dataset:
         return [{k: v[i * size : (i + 1) * size] for k, v in self.features.items()} for i in range(count)]
 
 
-def load(source: DataSource, base: Path, recipe_file: str, key: str, input_names: list[str]) -> Dataset:
-    """Load, select columns, sample (seeded), split off labels, preprocess; every failure names `key`."""
+def load(source: DataSource, base: Path, recipe_file: str, key: str, input_names: list[str],
+         axes: Mapping[str, int | None] | None = None) -> Dataset:
+    """Load, select columns, sample (seeded), split off labels, preprocess; every failure names `key`.
+    `axes` (each input's batch axis in the model) only words the error for data laid out like the model."""
     columns = _read(source, base, recipe_file, key, input_names)
     if source.columns is not None:
         missing = [c for c in source.columns if c not in columns]
@@ -41,7 +46,7 @@ def load(source: DataSource, base: Path, recipe_file: str, key: str, input_names
                               f"no column {missing[0]!r}; the data has: {', '.join(columns)}")
         keep = set(source.columns) | ({source.label} if source.label else set())
         columns = {k: v for k, v in columns.items() if k in keep}
-    count = _length(columns, recipe_file, key)
+    count = _length(columns, recipe_file, key, axes or {})
     if count == 0:
         raise RecipeError(recipe_file, key, "the data set is empty")
     order = np.random.default_rng(source.seed).permutation(count)[: source.samples or count]
@@ -133,11 +138,24 @@ def _columns_of(result: Any, recipe_file: str, key: str) -> dict[str, Any]:
     raise RecipeError(recipe_file, key, f"expected a dict of arrays or a datasets.Dataset, got {type(result).__name__}")
 
 
-def _length(columns: dict[str, Any], recipe_file: str, key: str) -> int:
+def _length(columns: dict[str, Any], recipe_file: str, key: str, axes: Mapping[str, int | None]) -> int:
     lengths = {len(v) for v in columns.values()}
     if len(lengths) > 1:
-        raise RecipeError(recipe_file, key, f"columns have different lengths: {sorted(lengths)}")
+        raise RecipeError(recipe_file, key, f"columns have different lengths: {sorted(lengths)}"
+                                            f"{_layout_hint(columns, axes)}")
     return lengths.pop() if lengths else 0
+
+
+def _layout_hint(columns: dict[str, Any], axes: Mapping[str, int | None]) -> str:
+    """Why, when an input's samples lie on its batch axis (the model's layout) instead of first."""
+    for name, axis in axes.items():
+        shape = np.shape(columns[name]) if name in columns else ()
+        others = {len(v) for k, v in columns.items() if k != name}
+        if axis and len(shape) > axis and others == {shape[axis]}:
+            return (f"; '{name}' {list(shape)} holds its {shape[axis]} samples on axis {axis}, as the model does: "
+                    f"data holds one row per sample, samples first, and temper moves them to batch_axis {axis} "
+                    f"itself: store np.moveaxis({name}, {axis}, 0)")
+    return ""
 
 
 def _take(values: Any, order: np.ndarray) -> Any:

@@ -30,7 +30,7 @@ def subject(runner: Runner, baseline: Path, candidates: dict[str, Path | str]) -
         preset=None if loaded.preset_choice is None else {"target": loaded.preset_choice.target,
                                                           "preset": loaded.preset_choice.preset,
                                                           "reason": loaded.preset_choice.reason},
-        tunings=tunings(candidates),
+        tunings=tunings(candidates), layout=runner.layout(baseline),
     )
 
 
@@ -61,18 +61,24 @@ def precheck(runner: Runner) -> None:
 
 def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
     """Everything validation and publishing need that the baseline alone can tell, so `temper run`
-    fails on it before building any candidate and `temper check` finds it too: the metric fits the
-    baseline's outputs, each provider really activates, each batch size fits in memory and in the
-    model, every fidelity slice fits its output, and the MLflow store answers. The one home of the
-    pre-flight checks: `temper run` and `temper check` call it once. Returns what was checked."""
+    fails on it before building any candidate and `temper check` finds it too: the baseline runs on one
+    real batch laid out as model.inputs says, the metric fits the baseline's outputs, each provider
+    really activates, each batch size fits in memory and in the model, every fidelity slice fits its
+    output, and the MLflow store answers. The one home of the pre-flight checks: `temper run` and
+    `temper check` call it once. Returns what was checked."""
     from temper.pipeline.slice_check import check_slices
     from temper.validators.throughput import fits_in_memory, session_for
 
     precheck(runner)
     spec, loaded = runner.recipe.validation, runner.loaded
     done = []
+    data, baseline = runner.recipe.data, runner.baseline()[-1].path
+    if data.evaluation is not None or data.calibration is not None:
+        layout = runner.layout(baseline)  # runs it on a real batch: RecipeError naming the input when it cannot
+        axes = ", ".join(f"{name} {axis}" for name, axis in layout.outputs.items())
+        done.append(f"the baseline runs on a real batch laid out as model.inputs says (outputs' batch axes: "
+                    f"{axes or '0, a fixed batch'})")
     if spec is not None:
-        baseline = runner.baseline()[-1].path
         if spec.accuracy is not None:
             reference = runner.scorer.reference
             done.append(f"validate.accuracy: {reference.metric.name} on output '{reference.output}' fits the "

@@ -9,11 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from onnx.external_data_helper import _get_all_tensors
 
 from temper.artifacts.errors import RecipeError, first_line, unwritable
 from temper.artifacts.folders import MARKER, claim, copy_into, mark, replaceable, require_writable, swap_in, sweep
 from temper.artifacts.host import profile
+from temper.artifacts.layout import Layout
 from temper.artifacts.onnx_io import load_structure
 from temper.pipeline.cache import MODEL_FILE, TUNING_FILE, key_of, library_versions
 from temper.pipeline.loading import LoadedRecipe
@@ -166,7 +168,19 @@ def manifest(loaded: LoadedRecipe, result: RunResult) -> dict[str, Any]:
             for o in result.candidates
         },
         "models": [r.as_dict() for r in records.values()],
+        "layout": {"outputs": result.output_axes},  # each output's batch axis, found on the baseline
     }
+
+
+def serving_layout(manifest: dict[str, Any]) -> Layout | None:
+    """The batch axes and constants a run's manifest records for serving: model.inputs' (resolved) and the
+    outputs' found on the baseline; None when it records no model inputs (config_for's defaults then)."""
+    inputs = ((manifest.get("recipe") or {}).get("resolved") or {}).get("model", {}).get("inputs")
+    if not inputs:
+        return None
+    return Layout({i["name"]: i.get("batch_axis", 0) for i in inputs},
+                  dict((manifest.get("layout") or {}).get("outputs") or {}),
+                  {i["name"]: np.asarray(i["value"], dtype=i["dtype"]) for i in inputs if i.get("value") is not None})
 
 
 REBUILD = "rebuild the folder with `temper run`"
@@ -214,7 +228,7 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
     check_model(output / name / MODEL_FILE, name, manifest, REBUILD)
     try:
         return output / name, config_for(output / name / MODEL_FILE, served.get("registered_model") or recipe["name"],
-                                         measured_on=report.host if report else None, session=gated,
-                                         **(publish.get("serving") or {}))
+                                         serving_layout(manifest), measured_on=report.host if report else None,
+                                         session=gated, **(publish.get("serving") or {}))
     except Exception as exc:  # a model onnx cannot read, serving options this version does not know
         raise ValueError(f"cannot serve it from its run: {first_line(exc)}") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,7 +15,7 @@ from temper.artifacts.integrity import sha256_of
 from temper.artifacts.registry import Published, connect, record_run, register
 from temper.pipeline.cache import MODEL_FILE
 from temper.pipeline.loading import LoadedRecipe
-from temper.pipeline.outputs import MANIFEST
+from temper.pipeline.outputs import MANIFEST, serving_layout
 from temper.pipeline.steps import candidate_precision
 from temper.validators.report_model import FILE as REPORT_FILE
 from temper.validators.report_model import Report
@@ -71,7 +72,8 @@ def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str
         with tempfile.TemporaryDirectory() as tmp:
             model = folder / selected / MODEL_FILE
             tags |= _version_tags(loaded, report, selected, model)
-            config = bundle.config_for(model, spec.mlflow.registered_model, measured_on=host,
+            layout = serving_layout(json.loads((folder / MANIFEST).read_text()))
+            config = bundle.config_for(model, spec.mlflow.registered_model, layout, measured_on=host,
                                        session=report.session_of(selected), gated_with=versions.current(),
                                        **spec.serving.model_dump())
             packed = bundle.write(Path(tmp) / "bundle", model, config, [folder / REPORT_FILE, folder / MANIFEST])

@@ -44,9 +44,9 @@ def rank_candidate(runner: Runner, name: str, samples: int | None) -> list[sensi
     base = runner.baseline()
     source = runner.chain(name, base[-1], steps[:index], f"candidates.{name}.steps")[-1].path
     structure = onnx_io.load_structure(source)
-    feeds = calibration_feeds(structure, runner.calibration_batches)
+    feeds = calibration_feeds(structure, runner.calibration_batches, runner.input_layout)
     count = samples or (options.fallback or FallbackOptions()).samples
     with contextlib.redirect_stdout(io.StringIO()):  # the quantizer's progress prints
         prepared = quantize_static.prepare(source, options, feeds, runner.scratch, needs_external_data(structure))
-        return sensitivity.rank(prepared, options, first_samples(feeds, count), runner.scratch,
+        return sensitivity.rank(prepared, options, first_samples(feeds, count, runner.input_layout), runner.scratch,
                                 progress=runner.observer.note)

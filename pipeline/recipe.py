@@ -8,8 +8,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, PositiveInt, StringConstraints, model_validator
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, Field, NonNegativeInt, PositiveInt, StringConstraints, model_validator
 
+from temper.artifacts.layout import default_axes
 from temper.artifacts.strict import CallableRef, Identifier, Strict
 from temper.calibration.spec import DataSource
 from temper.pipeline import presets
@@ -37,11 +39,31 @@ DType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
 
 
 class InputSpec(Strict):
-    """One model input. A string dim is symbolic (`batch`, `seq`): dynamic in the export."""
+    """One model input. A string dim is symbolic (`batch`, `seq`): dynamic in the export. An input with a
+    `value` is that constant in every batch (a sample rate), not data; any other holds a batch's rows on
+    its `batch_axis`."""
 
     name: Identifier
     dtype: DType = "float32"
-    shape: list[Dim] = Field(min_length=1)
+    shape: list[Dim] = Field(description="[] for a scalar")
+    batch_axis: NonNegativeInt | None = Field(None, description="the axis holding the samples (default: the axis "
+                                              "named like the first input's batch dim, else 0)")
+    value: int | float | bool | list[Any] | None = Field(None, description="a constant fed in every batch, not data")
+
+    @model_validator(mode="after")
+    def _constant_or_batched(self) -> InputSpec:
+        if self.value is None and not self.shape:
+            raise ValueError(f"'{self.name}' has shape [] (a scalar has no axis to hold samples): "
+                             "give the value it takes in every batch, e.g. value: 16000")
+        if self.batch_axis is not None and (self.value is not None or self.batch_axis >= len(self.shape)):
+            raise ValueError(f"batch_axis {self.batch_axis} is past the end of shape {self.shape}"
+                             if self.value is None else "an input with a value is a constant: it has no batch_axis")
+        given = np.asarray(self.value)
+        if self.value is not None and (given.shape != tuple(self.shape) or given.dtype.kind not in "biuf"
+                                       or not np.array_equal(given.astype(self.dtype), given)):
+            raise ValueError(f"value {self.value!r} is not a {self.dtype} tensor of shape {self.shape} "
+                             "(a constant's dims are integers)")
+        return self
 
 
 class ExportOptions(Strict):
@@ -72,6 +94,12 @@ class ModelSpec(Strict):
             raise ValueError("give exactly one of 'factory' (file.py:function) or 'onnx' (path to a .onnx file)")
         if self.onnx is not None and {"export", "depends_on"} & self.model_fields_set:
             raise ValueError("'export' and 'depends_on' apply to a 'factory' model only")
+        if all(i.value is not None for i in self.inputs):
+            raise ValueError("every input has a value: at least one must come from the data")
+        given = {i.name: i.batch_axis for i in self.inputs if i.batch_axis is not None or i.value is not None}
+        axes = default_axes({i.name: i.shape for i in self.inputs}, given)
+        for spec in self.inputs:  # resolved once here: every batch temper forms reads it
+            spec.batch_axis = axes[spec.name]
         return self
 
 
@@ -167,14 +195,16 @@ class Recipe(Strict):
     def _names(self) -> Recipe:
         if "baseline" in self.candidates:
             raise ValueError("'baseline' is reserved for the output of the shared steps; rename the candidate")
-        known = {i.name for i in self.model.inputs}
+        known = {i.name: i.batch_axis for i in self.model.inputs}
         if len(known) != len(self.model.inputs):
             raise ValueError("model.inputs: input names must be unique")
         if self.publish is not None:
             if self.validation is None:
                 raise ValueError("publish needs a validate section: "
                                  "only a candidate that passed its gates is published")
-            stray = [name for name in self.publish.serving.pad if name not in known]
+            stray = [name for name in self.publish.serving.pad if known.get(name, -1) != 0]
             if stray:
-                raise ValueError(f"publish.serving.pad: '{stray[0]}' is not a model input ({', '.join(sorted(known))})")
+                raise ValueError(f"publish.serving.pad: '{stray[0]}' is not a model input ({', '.join(sorted(known))})"
+                                 if stray[0] not in known else f"publish.serving.pad: '{stray[0]}' holds its rows on "
+                                 f"axis {known[stray[0]]}: only inputs batched on axis 0 are padded (on axis 1)")
         return self

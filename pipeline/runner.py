@@ -23,11 +23,14 @@ from temper.artifacts.callables import call_user, load_callable, split_ref
 from temper.artifacts.errors import OptionError, RecipeError, StepFailed, TemperError, first_line
 from temper.artifacts.folders import claim, sweep
 from temper.artifacts.integrity import sha256_of
+from temper.artifacts.layout import Layout
 from temper.calibration.sources import Dataset, load
 from temper.calibration.spec import DataSource
 from temper.pipeline.cache import MODEL_FILE, StepCache, key_of, library_versions
+from temper.pipeline.input_check import as_declared, check_batch, check_graph
+from temper.pipeline.input_layout import layout_of
 from temper.pipeline.loading import LoadedRecipe
-from temper.pipeline.recipe import InputSpec, StepSpec
+from temper.pipeline.recipe import StepSpec
 
 if TYPE_CHECKING:  # the steps import onnxsim, ORT's quantizers and (via onnxruntime.tools) torch: not at start-up
     from temper.artifacts.onnx_io import Batch
@@ -71,6 +74,7 @@ class CandidateOutcome:
 class RunResult:
     baseline: list[ModelRecord]  # source model, then one record per shared step; the last is the baseline
     candidates: list[CandidateOutcome]
+    output_axes: dict[str, int | None] = field(default_factory=dict)  # each output's batch axis (Runner.layout)
 
     @property
     def ok(self) -> bool:
@@ -109,6 +113,7 @@ class Runner:
         sweep(temp, SCRATCH)  # what killed runs left; named by process id, so a live run's stays
         self.scratch = claim(temp, SCRATCH, mode=0o700)
         self._shared: list[ModelRecord] | None = None  # baseline()'s records, once built
+        self._layouts: dict[Path, Layout] = {}
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -125,37 +130,11 @@ class Runner:
         source: DataSource | None = getattr(self.recipe.data, which)
         if source is None:
             return None
-        names = [i.name for i in self.recipe.model.inputs]
-        data = load(source, self.loaded.base, self.loaded.file, f"data.{which}", names)
-        return Dataset({spec.name: self._as_declared(index, spec, data.features[spec.name], which)
-                        for index, spec in enumerate(self.recipe.model.inputs)}, data.labels)
-
-    def _as_declared(self, index: int, spec: InputSpec, values: np.ndarray, which: str) -> np.ndarray:
-        """The data for one input in its declared dtype, refused (with both keys named) when the data
-        cannot be that dtype without losing what it says, or has another rank or fixed dim."""
-        file, key = self.loaded.file, f"model.inputs[{index}]"
-        given = np.asarray(values)
-        if given.dtype.kind in "OUSV":
-            what = "text" if given.dtype.kind in "US" else f"{given.dtype} (not numeric)"
-            raise RecipeError(file, f"data.{which}",
-                              f"input '{spec.name}' gets {what} data, but {key} is {spec.dtype}: "
-                              "add a preprocess callable that turns it into numbers (e.g. a tokenizer)")
-        wanted = np.dtype(spec.dtype)
-        if wanted.kind in "iub" and given.dtype.kind == "f" and not np.array_equal(given, np.round(given)):
-            raise RecipeError(file, f"{key}.dtype",
-                              f"'{spec.name}' is declared {spec.dtype}, but data.{which} holds "
-                              f"fractional {given.dtype} values: declare float32, or fix the data")
-        shape = list(given.shape)
-        if len(shape) != len(spec.shape):
-            raise RecipeError(file, f"{key}.shape", f"'{spec.name}' is declared with {len(spec.shape)} dims "
-                                                    f"{spec.shape}, but data.{which} rows have shape {shape[1:]} "
-                                                    f"({len(shape)} dims with the sample dim)")
-        for axis, (declared, real) in enumerate(zip(spec.shape, shape)):
-            if axis and isinstance(declared, int) and declared != real:
-                raise RecipeError(file, f"{key}.shape",
-                                  f"'{spec.name}' is declared {spec.shape}, but data.{which} "
-                                  f"has {real} at axis {axis}: fix the declared shape or the data")
-        return given.astype(wanted, copy=False)
+        fed = [(index, spec) for index, spec in enumerate(self.recipe.model.inputs) if spec.value is None]
+        data = load(source, self.loaded.base, self.loaded.file, f"data.{which}", [spec.name for _, spec in fed],
+                    {spec.name: spec.batch_axis for _, spec in fed})
+        return Dataset({spec.name: as_declared(self.loaded.file, index, spec, data.features[spec.name], which)
+                        for index, spec in fed}, data.labels)
 
     @cached_property
     def calibration_set(self) -> Dataset | None:
@@ -171,7 +150,7 @@ class Runner:
         if source is None or data is None:
             raise RecipeError(self.loaded.file, "data.calibration",
                               "static quantization needs calibration data: add data.calibration")
-        batches = data.batches(source.batch_size)
+        batches = [self.input_layout.feed(rows) for rows in data.batches(source.batch_size)]
         if not batches:
             raise RecipeError(self.loaded.file, "data.calibration.batch_size",
                               f"the calibration set has {len(data)} samples, "
@@ -210,16 +189,39 @@ class Runner:
                               "a quantize fallback scores trials on the evaluation set: add data.evaluation")
         assert self._shared is not None, "baseline() runs before any candidate step"
         return GateScorer(spec, self._shared[-1].path, list(self.recipe.model.outputs), self.evaluation_set,
-                          self.calibration_set, evaluation.batch_size, self.loaded.base, self.loaded.file)
+                          self.calibration_set, evaluation.batch_size, self.loaded.base, self.loaded.file,
+                          self.layout(self._shared[-1].path))
 
-    def sample(self) -> Batch:
-        """One real batch: evaluation data first (what the model will see), else calibration data."""
+    @cached_property
+    def input_layout(self) -> Layout:
+        """The recipe's batch axes and constants: how every batch is laid out for the model."""
+        return layout_of(self.recipe.model.inputs)
+
+    def layout(self, baseline: Path) -> Layout:
+        """input_layout with each output's batch axis, from `baseline` run on real samples (a layout it does
+        not take is a RecipeError naming the input, pipeline.input_check); without data, axis 0."""
+        if baseline not in self._layouts:
+            found = self._sample_rows()
+            self._layouts[baseline] = self.input_layout if found is None else check_batch(
+                baseline, self.input_layout, found[1], f"data.{found[0]}", self.recipe.model.inputs, self.loaded.file)
+        return self._layouts[baseline]
+
+    def _sample_rows(self) -> tuple[str, dict[str, np.ndarray]] | None:
+        """Which data set and one real batch of its rows (samples first): evaluation data first (what the
+        model will see), else calibration data; None without either."""
         for which in ("evaluation", "calibration"):
             source, data = getattr(self.recipe.data, which), getattr(self, f"{which}_set")
             if data is not None and len(data):
-                return data.batches(min(source.batch_size, len(data)))[0]
-        raise RecipeError(self.loaded.file, "data",
-                          "this recipe's steps need a real batch: add data.evaluation or data.calibration")
+                return which, data.batches(min(source.batch_size, len(data)))[0]
+        return None
+
+    def sample(self) -> Batch:
+        """One real batch, laid out for the model."""
+        found = self._sample_rows()
+        if found is None:
+            raise RecipeError(self.loaded.file, "data",
+                              "this recipe's steps need a real batch: add data.evaluation or data.calibration")
+        return self.input_layout.feed(found[1])
 
     def _context(self, folder: Path, where: str) -> StepContext:
         from temper.pipeline.steps.base import StepContext
@@ -277,28 +279,7 @@ class Runner:
         except Exception as exc:
             raise RecipeError(file, "model.onnx",
                               f"'{path.name}' is not a valid ONNX model: {first_line(exc)}") from exc
-        real_inputs = list(onnx_io.dims(model))
-        for i, declared in enumerate(spec.inputs):
-            if declared.name not in real_inputs:
-                raise RecipeError(file, f"model.inputs[{i}].name",
-                                  f"'{declared.name}' is not an input of {path.name}; "
-                                  f"its inputs: {', '.join(real_inputs)}")
-        for i, declared in enumerate(spec.inputs):
-            real = onnx_io.dims(model)[declared.name]
-            clash = [(a, d, r) for a, (d, r) in enumerate(zip(declared.shape, real))
-                     if isinstance(d, int) and isinstance(r, int) and r > 0 and d != r]
-            if len(real) != len(declared.shape) or clash:
-                raise RecipeError(file, f"model.inputs[{i}].shape",
-                                  f"declared {declared.shape}, but {path.name} takes "
-                                  f"'{declared.name}' as {real}: declare the model's shape")
-        undeclared = [n for n in real_inputs if n not in {i.name for i in spec.inputs}]
-        if undeclared:
-            raise RecipeError(file, "model.inputs", f"{path.name} also takes '{undeclared[0]}': declare every input")
-        real_outputs = [o.name for o in model.graph.output]
-        for i, name in enumerate(spec.outputs):
-            if name not in real_outputs:
-                raise RecipeError(file, f"model.outputs[{i}]",
-                                  f"'{name}' is not an output of {path.name}; its outputs: {', '.join(real_outputs)}")
+        check_graph(model, spec, path.name, file)
         return ModelRecord("source", None, "load", {"onnx": spec.onnx}, path, sha256_of(path),
                            path.stat().st_size, 0.0, False)
 
@@ -377,6 +358,7 @@ class Runner:
     def run(self) -> RunResult:
         """Build the baseline, then every candidate; one candidate's failure does not stop the others."""
         base = self.baseline()
+        output_axes = dict(self.layout(base[-1].path).outputs)
         outcomes = []
         for name, candidate in self.recipe.candidates.items():
             outcome = CandidateOutcome(name)
@@ -385,5 +367,5 @@ class Runner:
             except StepFailed as exc:
                 outcome.error, outcome.failure = str(exc), exc.kind
             outcomes.append(outcome)
-        return RunResult(base, outcomes)
+        return RunResult(base, outcomes, output_axes)
 

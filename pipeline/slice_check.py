@@ -12,17 +12,26 @@ from temper.validators.fidelity import Shape, slice_problem
 
 
 def output_shapes(runner: Runner, baseline: Path, axes: set[tuple[str, int]]) -> dict[str, Shape]:
-    """The baseline's output dims as its graph declares them; where an axis a slice cuts is not fixed
-    there, the dims of a real run on the sample batch (what validation will compare)."""
+    """The baseline's output dims as its graph declares them, samples first (each output's batch axis moved
+    to the front, as validation compares them); where an axis a slice cuts is not fixed there, the dims
+    of a real run on the sample batch."""
     graph = onnx_io.load_structure(baseline).graph
-    shapes: dict[str, Shape] = {o.name: [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                                         for d in o.type.tensor_type.shape.dim] for o in graph.output}
+    layout = runner.layout(baseline)
+    shapes: dict[str, Shape] = {o.name: _first(layout.outputs.get(o.name, 0), [
+        d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in o.type.tensor_type.shape.dim])
+        for o in graph.output}
     open_axes = [(name, axis) for name, axis in axes
                  if name in shapes and axis < len(shapes[name]) and not isinstance(shapes[name][axis], int)]
     if open_axes or any(name in shapes and not shapes[name] for name, _ in axes):
-        ran = onnx_io.run(baseline, runner.sample())
-        shapes = {o.name: list(value.shape) for o, value in zip(graph.output, ran, strict=True)}
+        ran = onnx_io.run(baseline, runner.sample(), layout)
+        shapes = {name: list(value.shape) for name, value in
+                  layout.samples({o.name: v for o, v in zip(graph.output, ran, strict=True)}).items()}
     return shapes
+
+
+def _first(axis: int | None, shape: Shape) -> Shape:
+    """`shape` with its batch axis first."""
+    return shape if not axis or axis >= len(shape) else [shape[axis], *shape[:axis], *shape[axis + 1:]]
 
 
 def check_slices(runner: Runner, baseline: Path | None = None) -> list[str]:

@@ -5,16 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from temper.artifacts.host import usable_cores
-from temper.artifacts.onnx_io import dims, fit_batch, load_structure
+from temper.artifacts.layout import AXIS0, Layout
+from temper.artifacts.onnx_io import fit_batch, fixed_batch, load_structure
 from temper.artifacts.providers import CPU
 from temper.artifacts.session import SessionSettings, open_session
 
 
-def predict(path: Path, features: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
-    """Every output of the model at `path` over every row of `features`, run on CPU in batches.
+def predict(path: Path, features: dict[str, np.ndarray], batch_size: int,
+            layout: Layout = AXIS0) -> dict[str, np.ndarray]:
+    """Every output of the model at `path` over every row of `features` (samples first), run on CPU in
+    batches laid out by `layout`, samples first again.
 
     A model with a fixed batch dim (a fixed-shape candidate) runs in chunks of exactly that
     size; its last partial chunk is padded with copies of the last row and the padded rows'
@@ -26,7 +28,7 @@ def predict(path: Path, features: dict[str, np.ndarray], batch_size: int) -> dic
     model = load_structure(path)
     sess = open_session(path, SessionSettings(intra_op_threads=usable_cores()), [CPU])
     names = [o.name for o in sess.get_outputs()]
-    fixed = _fixed_batch(model)
+    fixed = fixed_batch(model, layout)
     step = fixed or batch_size
     rows = len(next(iter(features.values())))
     if rows == 0:
@@ -37,15 +39,10 @@ def predict(path: Path, features: dict[str, np.ndarray], batch_size: int) -> dic
         real = min(step, rows - start)
         if fixed and real < fixed:
             chunk = {k: _pad(v, fixed) for k, v in chunk.items()}
-        for name, out in zip(names, sess.run(names, fit_batch(model, chunk))):
+        outputs = layout.samples(dict(zip(names, sess.run(names, fit_batch(model, layout.feed(chunk), layout)))))
+        for name, out in outputs.items():
             parts[name].append(out[:real])
     return {name: _widen(np.concatenate(chunks)) for name, chunks in parts.items()}
-
-
-def _fixed_batch(model: onnx.ModelProto) -> int | None:
-    """The fixed leading dim of the model's inputs, or None when it is symbolic (any batch runs)."""
-    sizes = [shape[0] for shape in dims(model).values() if shape and isinstance(shape[0], int) and shape[0] > 0]
-    return min(sizes) if sizes else None
 
 
 def _pad(array: np.ndarray, size: int) -> np.ndarray:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from temper.artifacts.errors import RecipeError
+from temper.artifacts.layout import AXIS0, Layout
 from temper.calibration.sources import Dataset
 from temper.validators import metrics
 from temper.validators.evaluate import predict
@@ -50,7 +51,8 @@ class Reference:
 
 
 def reference(spec: ValidateSpec, baseline: Path, baseline_outputs: dict[str, np.ndarray], outputs: list[str],
-              evaluation: Dataset, calibration: Dataset | None, batch_size: int, base: Path, file: str) -> Reference:
+              evaluation: Dataset, calibration: Dataset | None, batch_size: int, base: Path, file: str,
+              layout: Layout = AXIS0) -> Reference:
     """Resolve the metric and check it fits the baseline's outputs and labels, before anything is scored."""
     assert spec.accuracy is not None
     metric = metrics.resolve(spec.accuracy, base, file)
@@ -67,7 +69,7 @@ def reference(spec: ValidateSpec, baseline: Path, baseline_outputs: dict[str, np
             raise RecipeError(file, metrics.KEY,
                               "metric probe trains on the baseline's outputs of the calibration set: "
                               "add data.calibration with a label column")
-        train = predict(baseline, calibration.features, batch_size)[output], calibration.labels
+        train = predict(baseline, calibration.features, batch_size, layout)[output], calibration.labels
     own = baseline_outputs[output]
     value = metric.score(metrics.MetricData(own, evaluation.labels, own, *(train or (None, None))))
     return Reference(metric, output, evaluation.labels, own, train, value,
@@ -78,17 +80,18 @@ class GateScorer:
     """The recipe's accuracy and fidelity gates as a step's Scorer (pipeline.steps.base.Scorer)."""
 
     def __init__(self, spec: ValidateSpec, baseline: Path, outputs: list[str], evaluation: Dataset,
-                 calibration: Dataset | None, batch_size: int, base: Path, file: str) -> None:
-        self.spec, self.evaluation, self.batch_size = spec, evaluation, batch_size
-        self.baseline_outputs = predict(baseline, evaluation.features, batch_size)
+                 calibration: Dataset | None, batch_size: int, base: Path, file: str,
+                 layout: Layout = AXIS0) -> None:
+        self.spec, self.evaluation, self.batch_size, self.layout = spec, evaluation, batch_size, layout
+        self.baseline_outputs = predict(baseline, evaluation.features, batch_size, layout)
         self.reference = reference(spec, baseline, self.baseline_outputs, outputs, evaluation, calibration,
-                                   batch_size, base, file)
+                                   batch_size, base, file, layout)
         self.metric = self.reference.metric.name
         self.baseline_metric = self.reference.value
         self.allowed_drop = self.reference.allowed
 
     def score(self, model: Path) -> Score:
-        out = predict(model, self.evaluation.features, self.batch_size)
+        out = predict(model, self.evaluation.features, self.batch_size, self.layout)
         metric, drop = self.reference.score(out)
         comparisons = compare_outputs(self.baseline_outputs, out, self.spec)  # with the recipe's slices
         failed = [g.name for g in fidelity_gates(comparisons, self.spec) if not g.passed]
@@ -100,4 +103,5 @@ class GateScorer:
             return None
         size = max(throughput.batch_sizes)
         sample = {k: v[:size] for k, v in self.evaluation.features.items()}
-        return measure(model, sample, size, "cpu", TRIAL_SPEED_S, min(throughput.warmup_s, TRIAL_SPEED_S)).samples_per_s
+        return measure(model, sample, size, "cpu", TRIAL_SPEED_S, min(throughput.warmup_s, TRIAL_SPEED_S),
+                       layout=self.layout).samples_per_s

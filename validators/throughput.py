@@ -22,7 +22,8 @@ import psutil
 from temper.artifacts.engines import choose_threads
 from temper.artifacts.errors import EnvironmentProblem, OptionError
 from temper.artifacts.host import usable_cores
-from temper.artifacts.onnx_io import dims, load_structure
+from temper.artifacts.layout import AXIS0, Layout, default_axes
+from temper.artifacts.onnx_io import dims, fixed_batch, load_structure
 from temper.artifacts.providers import CPU, PROVIDERS, Provider
 from temper.artifacts.session import SessionSettings, open_session, settings_of
 
@@ -84,7 +85,8 @@ def session_for(path: Path, provider: str, settings: SessionSettings | None = No
     return session
 
 
-def tuned_session(path: Path, provider: str, sample: dict[str, np.ndarray]) -> ort.InferenceSession:
+def tuned_session(path: Path, provider: str, sample: dict[str, np.ndarray],
+                  layout: Layout = AXIS0) -> ort.InferenceSession:
     """The session `path` is measured with on `provider`, threads chosen once for this model exactly as
     the serving runtime chooses them on its CPU engine (artifacts.engines.choose_threads, batch-1 rows
     of `sample`); on a GPU provider, default_settings() as serving uses there. A bundle records the
@@ -93,8 +95,8 @@ def tuned_session(path: Path, provider: str, sample: dict[str, np.ndarray]) -> o
     if provider != "cpu":
         return session
     structure = load_structure(path)
-    fixed = next((s[0] for s in dims(structure).values() if s and isinstance(s[0], int) and s[0] > 0), None)
-    kept, _, _ = choose_threads(path, session, default_settings(), batch_of(structure, sample, fixed or 1),
+    rows = fixed_batch(structure, layout) or 1
+    kept, _, _ = choose_threads(path, session, default_settings(), batch_of(structure, sample, rows, layout),
                                 [CPU])
     return kept
 
@@ -102,7 +104,7 @@ def tuned_session(path: Path, provider: str, sample: dict[str, np.ndarray]) -> o
 def fits_in_memory(sample: dict[str, np.ndarray], batch_size: int) -> str | None:
     """None when one batch of `batch_size` rows like `sample`'s fits comfortably in the memory this
     host has free, else why not: a batch far too large is a typo, and numpy's MemoryError a puzzle."""
-    row = sum(np.asarray(v[:1] if np.ndim(v) else v).nbytes for v in sample.values())  # a scalar: one value
+    row = sum(np.asarray(v)[:1].nbytes for v in sample.values() if np.ndim(v))  # a scalar is not per row
     need, free = row * batch_size, psutil.virtual_memory().available
     if need * 4 > free:  # the batch, its copy in the session, outputs and activations: keep a margin
         return (f"batch size {batch_size:,} needs {need / 2**30:,.1f} GiB for its inputs alone; this host has "
@@ -110,34 +112,52 @@ def fits_in_memory(sample: dict[str, np.ndarray], batch_size: int) -> str | None
     return None
 
 
-def batch_of(model: onnx.ModelProto, sample: dict[str, np.ndarray], batch_size: int) -> dict[str, np.ndarray]:
-    """One call's inputs: real rows from `sample`, repeated in order when it has fewer than `batch_size`."""
-    feed: dict[str, np.ndarray] = {}
+def batch_of(model: onnx.ModelProto, sample: dict[str, np.ndarray], batch_size: int,
+             layout: Layout = AXIS0) -> dict[str, np.ndarray]:
+    """One call's inputs: real rows from `sample` (samples first), repeated in order when it has fewer than
+    `batch_size`, laid out by `layout` (rows on each input's batch axis, its constants added)."""
+    rows: dict[str, np.ndarray] = {}
     shapes = dims(model)
     if shapes and not any(shapes.values()) and batch_size != 1:  # what would the other rows be?
         raise ValueError(f"every input of the model is a scalar (no batch dim), so batch size {batch_size} cannot "
                          "run; measure batch size 1")
     for name, shape in shapes.items():
+        axis = layout.inputs.get(name, 0)
+        if name in layout.constants:
+            continue
         if name not in sample:
             raise ValueError(f"model input '{name}' is not in the sample (sample has {', '.join(sorted(sample))})")
-        rows = np.asarray(sample[name])
-        if not shape:  # a scalar input has no batch dim
-            feed[name] = rows
+        given = np.asarray(sample[name])
+        if axis is None or not shape:  # a scalar input has no batch dim
+            rows[name] = given
             continue
-        lead = shape[0]
+        lead = shape[axis] if axis < len(shape) else None
         if isinstance(lead, int) and lead > 0 and lead != batch_size:
             raise ValueError(
                 f"input '{name}' has its batch dim fixed to {lead}, so batch size {batch_size} cannot run; "
                 "export the model with a dynamic batch dim"
             )
-        if len(rows) == 0:
+        if len(given) == 0:
             raise ValueError(f"the sample for input '{name}' has no rows")
-        feed[name] = rows[np.arange(batch_size) % len(rows)]
-    return feed
+        rows[name] = given[np.arange(batch_size) % len(given)]
+    return layout.feed(rows)
 
 
-def random_inputs(model: onnx.ModelProto, rows: int, sizes: dict[str, int]) -> dict[str, np.ndarray]:
-    """Random inputs for a benchmark without data: `rows` along a free batch dim, `sizes` for symbolic dims.
+def graph_layout(model: onnx.ModelProto, values: dict[str, float] | None = None) -> Layout:
+    """The layout of a model without a recipe: each input's batch axis the one named like the first
+    input's batch dim, else 0 (a scalar has none); `values` the constant inputs (`temper bench --value`)."""
+    types = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
+    given = {name: None for name in values or {}}
+    constants = {name: np.asarray(value, dtype=onnx.helper.tensor_dtype_to_np_dtype(types[name]))
+                 for name, value in (values or {}).items() if name in types}
+    return Layout(default_axes(dims(model), given), constants=constants)
+
+
+def random_inputs(model: onnx.ModelProto, rows: int, sizes: dict[str, int],
+                  layout: Layout | None = None) -> dict[str, np.ndarray]:
+    """Random inputs for a benchmark without data, samples first: `rows` of them for each input with a batch
+    axis in `layout` (default graph_layout's), `sizes` for symbolic dims; an unbatched input gets one
+    tensor, a constant none.
 
     Integer inputs get values in [0, 100): fine for speed, not for token-id models whose cost
     depends on the ids (benchmark those on real data via `temper run`). Keys of `sizes` are dim
@@ -151,19 +171,24 @@ def random_inputs(model: onnx.ModelProto, rows: int, sizes: dict[str, int]) -> d
         if kind != "tensor" and value.name in inputs:
             raise OptionError("MODEL", f"input '{value.name}' is a {kind}, not a tensor: temper bench fills tensor "
                                        "inputs only, so it cannot measure this model")
+    layout = layout or graph_layout(model)
     types = {v.name: v.type.tensor_type.elem_type for v in model.graph.input}
     shapes: dict[str, list[int]] = {}
     symbolic: list[str] = []  # the dims --dim sizes, in the model's order
     batch: set[str] = set()  # named batch dims: --batch-sizes sizes those
     for name, shape in inputs.items():
-        shapes[name] = []
+        if name in layout.constants:
+            continue
+        batch_axis = layout.inputs.get(name, 0)
+        shapes[name] = [] if batch_axis is None else [rows]
         for axis, dim in enumerate(shape):
             key = dim if isinstance(dim, str) else f"{name}[{axis}]"
-            if isinstance(dim, int) and dim > 0:
-                shapes[name].append(dim)
-            elif axis == 0:
-                shapes[name].append(rows)
-                batch.add(key)
+            fixed = isinstance(dim, int) and dim > 0
+            if axis == batch_axis:
+                if not fixed:
+                    batch.add(key)
+            elif fixed:
+                shapes[name].append(dim)  # type: ignore[arg-type]
             else:
                 shapes[name].append(sizes.get(key, 0))
                 if key not in symbolic:
@@ -196,7 +221,7 @@ def random_inputs(model: onnx.ModelProto, rows: int, sizes: dict[str, int]) -> d
 
 def measure(
     path: Path, sample: dict[str, np.ndarray], batch_size: int, provider: str, duration_s: float, warmup_s: float,
-    session: ort.InferenceSession | None = None,
+    session: ort.InferenceSession | None = None, layout: Layout = AXIS0,
 ) -> Measurement:
     """Warm up for `warmup_s` (at least one call), then time calls until `duration_s` has elapsed.
 
@@ -206,7 +231,7 @@ def measure(
     the timed loop, never inside it: reading it is a syscall the loop would otherwise time. ORT's
     arenas keep what a call allocated, so steady state is what the reads see.
     """
-    feed = batch_of(load_structure(path), sample, batch_size)
+    feed = batch_of(load_structure(path), sample, batch_size, layout)
     session = session or session_for(path, provider)
     call = _bound_call(session, feed, "cpu" if provider == "cpu" else "cuda")
 
@@ -252,7 +277,8 @@ def _bound_call(session: ort.InferenceSession, feed: dict[str, np.ndarray], devi
     """
     binding = session.io_binding()
     for name, array in feed.items():
-        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, 0))
+        contiguous = np.require(array, requirements="C")  # np.ascontiguousarray makes a scalar [1]
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(contiguous, device, 0))
     for output in session.get_outputs():
         binding.bind_output(output.name, device, 0)
     binding.synchronize_inputs()

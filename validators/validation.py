@@ -16,6 +16,7 @@ import numpy as np
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import RecipeError
 from temper.artifacts.host import HostProfile, Load, LoadMeter, profile
+from temper.artifacts.layout import AXIS0, Layout
 from temper.calibration.sources import Dataset
 from temper.validators import report_model, scoring
 from temper.validators.census import Census, of_file
@@ -57,6 +58,7 @@ class Subject:
     precisions: dict[str, str] = field(default_factory=dict)  # candidate -> fp16, int8-static, ...
     preset: dict[str, str | None] | None = None  # what quantize's preset auto resolved to: target, preset, reason
     tunings: dict[str, dict[str, Any]] = field(default_factory=dict)  # candidate -> its quantize fallback record
+    layout: Layout = AXIS0  # batch axes and constants every batch is formed with
 
 
 @dataclass
@@ -101,11 +103,12 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
         _precheck_throughput(subject, built, sample)
 
     progress("baseline › evaluate")
-    base_out = predict(subject.baseline, subject.evaluation.features, subject.eval_batch_size)
+    base_out = predict(subject.baseline, subject.evaluation.features, subject.eval_batch_size, subject.layout)
     ref = None
     if spec.accuracy:
         ref = scoring.reference(spec, subject.baseline, base_out, subject.outputs, subject.evaluation,
-                                subject.calibration, subject.eval_batch_size, subject.base, subject.recipe_file)
+                                subject.calibration, subject.eval_batch_size, subject.base, subject.recipe_file,
+                                subject.layout)
 
     benches = _bench_all(subject, {"baseline": subject.baseline, **built}, sample, progress)
     results = []
@@ -121,7 +124,7 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
         result.census = of_file(path)
         result.verdict.gates += truth_gates(result.census, subject.precisions.get(name), result.tuning)
         progress(f"{name} › evaluate")
-        out = predict(path, subject.evaluation.features, subject.eval_batch_size)
+        out = predict(path, subject.evaluation.features, subject.eval_batch_size, subject.layout)
         if ref is not None:
             result.metric, result.drop = ref.score(out)
             result.verdict.gates.append(at_most("accuracy", "accuracy", result.drop, ref.allowed,
@@ -149,7 +152,7 @@ def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[
         structure = onnx_io.load_structure(path)
         for index, size in enumerate(spec.batch_sizes):
             try:
-                batch_of(structure, sample, size)
+                batch_of(structure, sample, size, subject.layout)
             except ValueError as exc:
                 raise RecipeError(subject.recipe_file, f"validate.throughput.batch_sizes[{index}]",
                                   f"{name}: {exc}") from None
@@ -197,7 +200,7 @@ def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.n
     most_rounds = max(ROUNDS, round(spec.budget_s / slice_s))
     for provider in spec.providers:
         progress(f"throughput › {provider}: sessions and thread choice for {', '.join(models)}")
-        sessions = {name: tuned_session(path, provider, sample) for name, path in models.items()}
+        sessions = {name: tuned_session(path, provider, sample, subject.layout) for name, path in models.items()}
         for size in spec.batch_sizes:
             progress(f"throughput › {provider} batch {size}: {', '.join(models)}")
             bench = Bench(provider, size, {name: {} for name in models})
@@ -208,7 +211,7 @@ def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.n
                 for name in active[shift:] + active[:shift]:
                     warmup = spec.warmup_s if round_ == 0 else min(spec.warmup_s, SLICE_WARMUP_S)
                     bench.slices[name][round_] = measure(models[name], sample, size, provider, slice_s, warmup,
-                                                         session=sessions[name])
+                                                         session=sessions[name], layout=subject.layout)
                 if round_ + 1 < ROUNDS:
                     continue
                 undecided = [name for name in active if name != "baseline"

@@ -26,19 +26,30 @@ def bench(
     warmup: Annotated[float, number("--warmup", "warm-up seconds per batch size", 0, MAX_SECONDS)] = 0.5,
     dim: Annotated[list[str] | None, typer.Option(
         "--dim", help="NAME=SIZE for a symbolic dim other than the batch dim (repeatable)")] = None,
+    scalar: Annotated[list[str] | None, typer.Option(
+        "--value", help="INPUT=NUMBER: a scalar input's value in every call, e.g. sr=16000 (repeatable)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of measurements on stdout")] = False,
 ) -> None:
     """Measure samples/s and latency percentiles of one model at each batch size, on random inputs.
 
     Integer inputs get random values in [0, 100): benchmark token-id models on real data via `temper run`.
+    Each input's batch axis is the one named like the first input's batch dim, else 0; a scalar input
+    (shape []) gets one random value per call, or the one --value gives.
     The session is the one `temper serve` would run: threads chosen once by a batch-1 timing (all
     usable cores or 1), idle threads sleeping; --json records its settings with each figure.
     """
     import onnx
 
     from temper.artifacts.errors import OptionError, RecipeError, first_line
-    from temper.artifacts.onnx_io import load_structure
-    from temper.validators.throughput import batch_of, fits_in_memory, measure, random_inputs, tuned_session
+    from temper.artifacts.onnx_io import dims, load_structure
+    from temper.validators.throughput import (
+        batch_of,
+        fits_in_memory,
+        graph_layout,
+        measure,
+        random_inputs,
+        tuned_session,
+    )
 
     file = str(model)
     try:
@@ -55,6 +66,13 @@ def bench(
         if not name or not value.isdecimal() or int(value) < 1:  # isdigit() passes '²', which int() refuses
             raise RecipeError(file, "--dim", f"expected NAME=SIZE with SIZE a positive integer, got '{item}'")
         given[name] = int(value)
+    values: dict[str, float] = {}
+    for item in scalar or []:
+        name, _, number = item.partition("=")
+        try:
+            values[name] = float(number)
+        except ValueError:
+            raise RecipeError(file, "--value", f"expected INPUT=NUMBER, got '{item}'") from None
     if not model.is_file():
         raise RecipeError(file, "MODEL", "file not found")
     try:
@@ -62,14 +80,20 @@ def bench(
         structure = load_structure(model)
     except Exception as exc:
         raise RecipeError(file, "MODEL", f"not a valid ONNX model: {first_line(exc)}") from exc
+    scalars = [name for name, shape in dims(structure).items() if not shape]
+    stray = [name for name in values if name not in scalars]
+    if stray:
+        raise RecipeError(file, "--value", f"'{stray[0]}' is not a scalar input of the model "
+                                           f"(its scalar inputs: {', '.join(scalars) or 'none'})")
+    layout = graph_layout(structure, values)
     try:
-        one_row = random_inputs(structure, 1, given)
+        one_row = random_inputs(structure, 1, given, layout)
         for size in sizes:  # a size that cannot fit is refused before anything is allocated for it
             if (problem := fits_in_memory(one_row, size)) is not None:
                 raise RecipeError(file, "--batch-sizes", problem)
-        sample = random_inputs(structure, max(sizes), given)
+        sample = random_inputs(structure, max(sizes), given, layout)
         for size in sizes:  # every size is checked before any time goes into measuring
-            batch_of(structure, sample, size)
+            batch_of(structure, sample, size, layout)
     except OptionError as exc:
         raise RecipeError(file, exc.key, exc.message) from None
     except ValueError as exc:
@@ -80,8 +104,9 @@ def bench(
     for size in sizes:
         try:
             with err.status(f"batch size {size} on {provider}"):
-                session = session or tuned_session(model, provider, sample)
-                results.append(measure(model, sample, size, provider, duration, warmup, session=session))
+                session = session or tuned_session(model, provider, sample, layout)
+                results.append(measure(model, sample, size, provider, duration, warmup, session=session,
+                                       layout=layout))
         except TemperError:
             raise
         except Exception as exc:  # onnxruntime's error classes share no base; --debug keeps the cause

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar
 from pydantic import BaseModel
 
 from temper.artifacts.errors import OptionError, StepFailed, close_names
+from temper.artifacts.layout import Layout
 from temper.artifacts.onnx_io import Batch
+from temper.pipeline.input_layout import layout_of
 from temper.pipeline.recipe import InputSpec
 
 if TYPE_CHECKING:
@@ -52,11 +54,17 @@ class StepContext:
     """What a step may use besides its input model. Data loads lazily: most steps never touch it."""
 
     inputs: list[InputSpec]
-    calibration: Callable[[], list[Batch]]  # full-size batches; raises RecipeError when there is no usable set
-    sample: Callable[[], Batch]  # one real batch for sanity checks (NaN/Inf, output comparison)
+    calibration: Callable[[], list[Batch]]  # full-size batches in the model's layout; RecipeError when none
+    sample: Callable[[], Batch]  # one real batch for sanity checks (NaN/Inf, output comparison), laid out alike
     scratch: Path  # a private empty folder for intermediate files
     scorer: Callable[[], Scorer] = field(default=lambda: _no_scorer())  # for steps with uses_evaluation
     progress: Callable[[str], None] = field(default=lambda _: None)  # what a long step is doing now (the observer)
+
+
+    @property
+    def layout(self) -> Layout:
+        """Each input's batch axis and the constant inputs: what fit_batch and batch splits need."""
+        return layout_of(self.inputs)
 
 
 def _no_scorer() -> Scorer:

@@ -15,15 +15,17 @@ import torch
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import OptionError, StepFailed, first_line
 from temper.artifacts.onnx_io import Batch
+from temper.pipeline.input_layout import layout_of
 from temper.pipeline.recipe import ModelSpec
 from temper.validators.fidelity import compare
 
 
 def dynamic_axes(spec: ModelSpec) -> dict[str, dict[int, str]]:
-    """Symbolic dims of the recipe's inputs; outputs share the first input's leading (batch) dim."""
+    """Symbolic dims of the recipe's inputs; outputs share the first input's leading (batch) dim when every
+    input holds its samples on axis 0 (otherwise no output axis is assumed: check finds them)."""
     axes = {i.name: {a: d for a, d in enumerate(i.shape) if isinstance(d, str)} for i in spec.inputs}
-    lead = spec.inputs[0].shape[0]
-    if isinstance(lead, str):
+    batched = [i for i in spec.inputs if i.batch_axis is not None]  # the recipe has one
+    if isinstance(lead := batched[0].shape[0], str) and all(i.batch_axis == 0 for i in batched):
         axes.update({name: {0: lead} for name in spec.outputs})
     return {k: v for k, v in axes.items() if v}
 
@@ -32,7 +34,7 @@ def export(module: torch.nn.Module, spec: ModelSpec, sample: Batch, dst: Path, s
     """Export `module`, then compare ONNX Runtime with torch on `sample`; a mismatch is a StepFailed."""
     module.eval()
     feed = {i.name: sample[i.name] for i in spec.inputs}
-    args = tuple(torch.from_numpy(np.ascontiguousarray(feed[i.name])) for i in spec.inputs)
+    args = tuple(torch.from_numpy(np.require(feed[i.name], requirements="C")) for i in spec.inputs)  # 0-d stays 0-d
     raw = scratch / "exported.onnx"
     opts = spec.export
     logs = io.StringIO()
@@ -67,7 +69,7 @@ def export(module: torch.nn.Module, spec: ModelSpec, sample: Batch, dst: Path, s
     if len(expected_list) != len(spec.outputs):
         raise StepFailed(f"export: the module returns {len(expected_list)} outputs "
                          f"but model.outputs names {len(spec.outputs)}")
-    got = onnx_io.run(dst, feed)
+    got = onnx_io.run(dst, feed, layout_of(spec.inputs))
     for name, ref, out in zip(spec.outputs, expected_list, got):
         result = compare(name, ref.detach().numpy(), out, atol=opts.atol, rtol=opts.rtol)
         if not result.within_tolerance:

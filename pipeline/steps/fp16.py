@@ -179,13 +179,12 @@ class Fp16(Step[Fp16Options]):
         except Exception as err:
             raise StepFailed(f"fp16: the converted model does not load in onnxruntime: "
                              f"{first_line(err)}; {HINT}") from err
-        self._check_finite(src, inferred, dst, ctx.sample())
+        self._check_finite(src, inferred, dst, fit_batch(load_structure(dst), ctx.sample(), ctx.layout))
 
     @staticmethod
-    def _check_finite(src: Path, inferred: Path, dst: Path, batch: Batch) -> None:
+    def _check_finite(src: Path, inferred: Path, dst: Path, feed: Batch) -> None:
         """Fail on the first float16 tensor with NaN/Inf where the FP32 model's tensor is finite."""
         half = load_structure(dst)
-        feed = fit_batch(half, batch)
         half_feed = _half_feed(half, feed)
         types = {v.name: v.type.tensor_type.elem_type for v in half.graph.value_info}
         outputs = {o.name for o in half.graph.output}

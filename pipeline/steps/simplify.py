@@ -29,7 +29,7 @@ def _check_shapes(src: Path, ctx: StepContext) -> dict[str, list[int]] | None:
     structure = load_structure(src)
     if all(isinstance(d, int) and d > 0 for shape in dims(structure).values() for d in shape[1:]):
         return None
-    return {name: list(array.shape) for name, array in fit_batch(structure, ctx.sample()).items()}
+    return {name: list(array.shape) for name, array in fit_batch(structure, ctx.sample(), ctx.layout).items()}
 
 
 class Simplify(Step[SimplifyOptions]):

@@ -85,6 +85,39 @@ def slow_model(tmp_path: Path) -> Path:
     )
 
 
+VAD_AUDIO, VAD_STATE = 64, 128
+
+
+def vad_model(folder: Path, name: str = "vad") -> Path:
+    """Silero VAD's structure: audio [batch, 64], a scalar int64 sample rate `sr` [], a recurrent state
+    [2, batch, 128] with the batch on axis 1; outputs prob [batch, 1] and the new state stateN
+    [2, batch, 128]. stateN = tanh(state @ Ws + tanh(audio @ Wa) * sr / 16000), prob = sigmoid(stateN[1] @ Wo)."""
+    rng = np.random.default_rng(7)
+    weights = {"Wa": rng.normal(0, 0.15, (VAD_AUDIO, VAD_STATE)), "Ws": rng.normal(0, 0.1, (VAD_STATE, VAD_STATE)),
+               "Wo": rng.normal(0, 0.2, (VAD_STATE, 1)), "rate": np.array(16000.0)}
+    nodes = [
+        helper.make_node("MatMul", ["audio", "Wa"], ["heard"], name="audio_in"),
+        helper.make_node("Tanh", ["heard"], ["h"]),
+        helper.make_node("Cast", ["sr"], ["srf"], to=TensorProto.FLOAT),
+        helper.make_node("Div", ["srf", "rate"], ["scale"]),
+        helper.make_node("Mul", ["h", "scale"], ["drive"]),
+        helper.make_node("MatMul", ["state", "Ws"], ["carried"], name="state_in"),
+        helper.make_node("Add", ["carried", "drive"], ["mixed"]),
+        helper.make_node("Tanh", ["mixed"], ["stateN"]),
+        helper.make_node("Gather", ["stateN", "one"], ["last"], axis=0),
+        helper.make_node("MatMul", ["last", "Wo"], ["logit"], name="head"),
+        helper.make_node("Sigmoid", ["logit"], ["prob"]),
+    ]
+    inputs = [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["batch", VAD_AUDIO]),
+              helper.make_tensor_value_info("sr", TensorProto.INT64, []),
+              helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, "batch", VAD_STATE])]
+    outputs = [helper.make_tensor_value_info("prob", TensorProto.FLOAT, ["batch", 1]),
+               helper.make_tensor_value_info("stateN", TensorProto.FLOAT, [2, None, VAD_STATE])]  # unnamed: Silero
+    initializers = [numpy_helper.from_array(w.astype(np.float32), k) for k, w in weights.items()]
+    initializers.append(numpy_helper.from_array(np.array(1, np.int64), "one"))
+    return save(folder, name, nodes, inputs, outputs, initializers)
+
+
 def runtime_for(model: Path, tmp_path: Path, **serving: object) -> Runtime:
     config = config_for(model, model.stem, **serving)
     return Runtime(write(tmp_path / f"{model.stem}-bundle", model, config))

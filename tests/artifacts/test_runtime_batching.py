@@ -12,9 +12,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from temper.artifacts.bundle import config_for, write
 from temper.artifacts.host import usable_cores
+from temper.artifacts.layout import Layout
+from temper.artifacts.runtime import RequestError, Runtime
 from temper.artifacts.session import engine_cache
-from tests.artifacts.runtimes import WEIGHTS, linear_model, plain, pooling_model, runtime_for
+from tests.artifacts.runtimes import (
+    VAD_AUDIO,
+    VAD_STATE,
+    WEIGHTS,
+    linear_model,
+    plain,
+    pooling_model,
+    runtime_for,
+    vad_model,
+)
 
 
 def test_results_equal_a_plain_session(tmp_path: Path, started) -> None:
@@ -88,6 +100,39 @@ def test_padded_requests_batched_together_match_unbatched_runs(tmp_path: Path, s
         np.testing.assert_allclose(got["tokens"], want["tokens"], rtol=1e-6)
         np.testing.assert_allclose(got["pooled"], want["pooled"], rtol=1e-6)
     assert runtime.metrics.snapshot()["execution_count"] == 1  # warm-up is not counted
+
+
+def _vad_request(seed: int, rows: int, sr: int | None) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    request = {"audio": rng.standard_normal((rows, VAD_AUDIO)).astype(np.float32),
+               "state": rng.standard_normal((2, rows, VAD_STATE)).astype(np.float32)}
+    return request if sr is None else {**request, "sr": np.array(sr, np.int64)}
+
+
+def test_requests_join_on_each_inputs_batch_axis_and_a_constant_splits_batches(tmp_path: Path, started) -> None:
+    """Silero's layout: state [2, batch, 128] joins on axis 1, stateN splits on axis 1; sr is not batched:
+    left out, it is runtime.json's 16000; requests sending another value run in a batch of their own."""
+    model = vad_model(tmp_path)
+    layout = Layout({"audio": 0, "sr": None, "state": 1}, {"prob": 0, "stateN": 1}, {"sr": np.array(16000)})
+    config = config_for(model, "vad", layout, max_batch_size=16)
+    assert [(s.name, s.shape, s.batch_axis, s.value) for s in config.inputs] == [
+        ("audio", [-1, VAD_AUDIO], 0, None), ("sr", [], None, 16000), ("state", [2, -1, VAD_STATE], 1, None)]
+    runtime = Runtime(write(tmp_path / "bundle", model, config))
+    requests = [_vad_request(1, 1, None), _vad_request(2, 3, 16000), _vad_request(3, 2, 8000),
+                _vad_request(4, 2, None), _vad_request(5, 1, 8000)]
+    futures = [runtime.submit(r) for r in requests]  # queued before start: batches formed deterministically
+    started(runtime)
+    for request, future in zip(requests, futures):
+        got, want = future.result(timeout=10), plain(model, {"sr": np.array(16000, np.int64), **request})
+        assert got["stateN"].shape == want["stateN"].shape == (2, len(request["audio"]), VAD_STATE)
+        np.testing.assert_allclose(got["prob"], want["prob"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got["stateN"], want["stateN"], rtol=1e-5, atol=1e-6)
+    metrics = runtime.metrics.snapshot()
+    assert metrics["execution_count"] == 2 and sorted(metrics["batches"]) == [3, 6]  # 16000: 1+3+2 rows; 8000: 2+1
+    with pytest.raises(RequestError, match="disagree on the number of rows"):
+        runtime.infer({"audio": requests[0]["audio"], "state": requests[1]["state"]})
+    with pytest.raises(RequestError, match="expected"):
+        runtime.infer({**requests[0], "state": np.moveaxis(requests[1]["state"], 1, 0).copy()})  # [3, 2, 128]
 
 
 def test_the_engine_cache_is_in_the_user_cache_folder_unless_overridden(tmp_path: Path,

@@ -220,6 +220,29 @@ def test_fixed_batch_dim_means_no_batching(tmp_path: Path) -> None:
     run_warmups(config, folder / "1" / "model.onnx")
 
 
+def test_a_batch_off_axis_0_or_a_constant_input_means_no_batching_and_one_line_why(tmp_path: Path) -> None:
+    """Silero's layout: state [2, batch, 128] and a constant sr []. Triton batches on axis 0 only and
+    knows no default values: max_batch_size 0, full dims, sr reshaped from [1], no zero warm-up."""
+    from temper.artifacts.layout import Layout
+    from temper.artifacts.triton import no_batching
+    from tests.artifacts.runtimes import vad_model
+
+    model = vad_model(tmp_path / "src")
+    layout = Layout({"audio": 0, "sr": None, "state": 1}, {"prob": 0, "stateN": 1}, {"sr": np.array(16000)})
+    bundle = write(tmp_path / "bundle", model, config_for(model, "vad", layout))
+    folder = export_repository(bundle, tmp_path / "repo")
+    config = parse(folder)
+    assert config.max_batch_size == 0 and config.WhichOneof("scheduling_choice") is None
+    assert [(io.name, list(io.dims), list(io.reshape.shape)) for io in config.input] == [
+        ("audio", [-1, 64], []), ("sr", [1], []), ("state", [2, -1, 128], [])]
+    assert config.input[1].HasField("reshape") and not config.model_warmup
+    assert no_batching(config_for(model, "vad", layout)) == (
+        "state holds its rows on axis 1; stateN holds its rows on axis 1; sr (16000) is not batched: Triton "
+        "batches on axis 0 only, so the model is exported with max_batch_size 0 (each request runs as sent, "
+        "no dynamic batching); clients send sr (16000) with every request")
+    assert no_batching(config_for(linear(tmp_path / "plain"), "plain")) is None
+
+
 def test_a_tensorrt_plan_is_served_instead_of_the_onnx_model(tmp_path: Path) -> None:
     bundle = make_bundle(tmp_path, linear(tmp_path / "src"), "digits")
     (bundle / "model.plan").write_bytes(b"engine bytes")

@@ -71,3 +71,25 @@ def test_data_that_does_not_fit_the_model_is_reported(tmp_path: Path) -> None:
     path = _matmul(tmp_path / "dyn.onnx", "batch")
     with pytest.raises(OptionError, match="model wants"):
         predict(path, {"x": np.zeros((5, 4), np.float32)}, batch_size=2)
+
+
+def test_a_state_batched_on_axis_1_is_fed_and_scored_samples_first(tmp_path: Path) -> None:
+    """Silero's layout: the evaluation rows are samples first, the model takes state [2, batch, 128] and a
+    scalar sr; predict feeds each chunk in that layout and hands stateN back samples first."""
+    import onnxruntime as ort
+
+    from temper.artifacts.layout import Layout
+    from tests.artifacts.runtimes import vad_model
+
+    model = vad_model(tmp_path)
+    rng = np.random.default_rng(3)
+    rows = {"audio": rng.standard_normal((21, 64)).astype(np.float32),
+            "state": rng.standard_normal((21, 2, 128)).astype(np.float32)}
+    layout = Layout({"audio": 0, "sr": None, "state": 1}, {"prob": 0, "stateN": 1}, {"sr": np.array(16000)})
+    got = predict(model, rows, batch_size=8, layout=layout)  # 8 + 8 + a partial 5
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    prob, state = session.run(None, {"audio": rows["audio"], "sr": np.array(16000, np.int64),
+                                     "state": np.moveaxis(rows["state"], 0, 1).copy()})
+    assert got["stateN"].shape == (21, 2, 128)
+    np.testing.assert_allclose(got["prob"], prob, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["stateN"], np.moveaxis(state, 1, 0), rtol=1e-5, atol=1e-6)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from temper.artifacts.errors import StepFailed
+from temper.artifacts.layout import AXIS0, Layout
 from temper.artifacts.onnx_io import Batch
 from temper.pipeline.cache import TUNING_FILE
 from temper.pipeline.step_options import FallbackOptions, QuantizeOptions
@@ -66,7 +67,7 @@ Prepare = Callable[[QuantizeOptions], tuple[quantize_static.Prepared, list[str]]
 
 def tune(prepared: quantize_static.Prepared, dst: Path, options: QuantizeOptions, keep_float: list[str],
          feeds: list[Batch], scorer: Scorer, scratch: Path, progress: Callable[[str], None] = lambda _: None,
-         prepare: Prepare | None = None) -> None:
+         prepare: Prepare | None = None, layout: Layout = AXIS0) -> None:
     """Write the best model found to `dst` and its record to `dst.parent / tuning.json`. With `prepare`
     (and fallback.configurations), the configurations are tried before any node goes float."""
     assert options.fallback is not None
@@ -81,7 +82,7 @@ def tune(prepared: quantize_static.Prepared, dst: Path, options: QuantizeOptions
             setup = tuner.setup
             progress(f"fallback: ranking nodes by SQNR on {options.fallback.samples} calibration samples")
             ranking = [r for r in sensitivity.rank(setup.prepared, setup.options,
-                                                   first_samples(feeds, options.fallback.samples), scratch,
+                                                   first_samples(feeds, options.fallback.samples, layout), scratch,
                                                    progress=lambda note: progress(f"fallback: ranking: {note}"))
                        if r.node not in setup.keep_float]
             order = tuner.refine([r.node for r in ranking], options.fallback)
@@ -318,12 +319,13 @@ def _whole_blocks(nodes: list[str], blocks: dict[str, list[str]]) -> list[str]:
     return sorted(chosen)
 
 
-def first_samples(feeds: list[Batch], samples: int) -> list[Batch]:
-    """The leading calibration batches holding at least `samples` samples (all of them if fewer)."""
+def first_samples(feeds: list[Batch], samples: int, layout: Layout = AXIS0) -> list[Batch]:
+    """The leading calibration batches (rows on `layout`'s batch axes) holding at least `samples` samples
+    (all of them if fewer)."""
     taken, count = [], 0
     for feed in feeds:
         if count >= samples:
             break
         taken.append(feed)
-        count += len(next(iter(feed.values())))
+        count += layout.rows(feed)
     return taken

@@ -17,6 +17,7 @@ import onnx
 
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import OptionError, StepFailed, TemperError, first_line
+from temper.artifacts.layout import AXIS0, Layout
 from temper.artifacts.onnx_io import Batch
 from temper.pipeline.step_options import NNCF_ONLY, NNCF_PRESETS, QuantizeOptions
 from temper.pipeline.steps.base import Step, StepContext, require_known
@@ -74,7 +75,7 @@ class Quantize(Step[QuantizeOptions]):
             _library("ONNX Runtime dynamic quantization",
                      lambda: quantize_dynamic.quantize(src, dst, options, typed, ctx.scratch, large))
         elif options.backend == "ort":
-            feeds = calibration_feeds(structure, ctx.calibration())
+            feeds = calibration_feeds(structure, ctx.calibration(), ctx.layout)
 
             def prepare(chosen: QuantizeOptions, scratch: Path = ctx.scratch) -> tuple[quantize_static.Prepared,
                                                                                       list[str]]:
@@ -92,22 +93,22 @@ class Quantize(Step[QuantizeOptions]):
                     quantize_static.write(prepared, dst, options, keep_float)
                 else:
                     fallback.tune(prepared, dst, options, keep_float, feeds, ctx.scorer(), ctx.scratch, ctx.progress,
-                                  configured)
+                                  configured, ctx.layout)
 
             _library("ONNX Runtime static quantization", static)
         elif options.backend == "modelopt":
             quantize_modelopt.require()  # before loading data: a missing backend should fail fast
-            feeds = calibration_feeds(structure, ctx.calibration())
+            feeds = calibration_feeds(structure, ctx.calibration(), ctx.layout)
             _library(
                 "ModelOpt quantization",
-                lambda: quantize_modelopt.quantize(src, dst, options, feeds, ctx.scratch, large),
+                lambda: quantize_modelopt.quantize(src, dst, options, feeds, ctx.scratch, large, ctx.layout),
             )
         else:
             quantize_nncf.require()
             feeds = calibration_feeds(structure, ctx.calibration())
             _library("NNCF quantization", lambda: quantize_nncf.quantize(src, dst, options, feeds, large))
         census_check.require_quantized(dst, BACKENDS[options.backend])
-        _check_runs(dst, ctx.sample())
+        _check_runs(dst, ctx.sample(), ctx.layout)
 
 
 def rankable(options: QuantizeOptions) -> bool:
@@ -115,23 +116,21 @@ def rankable(options: QuantizeOptions) -> bool:
     return options.mode == "static" and options.backend == "ort"
 
 
-def calibration_feeds(model: onnx.ModelProto, batches: list[Batch]) -> list[Batch]:
-    """The calibration batches as feeds for `model`.
+def calibration_feeds(model: onnx.ModelProto, batches: list[Batch], layout: Layout = AXIS0) -> list[Batch]:
+    """The calibration batches (in the model's layout: rows on each input's batch axis) as feeds for `model`.
 
     A batch larger than a fixed batch dim is cut into full-size chunks so every sample
     counts (fit_batch alone would keep only its first rows).
     """
-    shapes = onnx_io.dims(model).values()
-    leading = {shape[0] for shape in shapes if shape and isinstance(shape[0], int) and shape[0] > 0}
-    size = leading.pop() if len(leading) == 1 else None
+    size = onnx_io.fixed_batch(model, layout)
     feeds: list[Batch] = []
     for batch in batches:
-        rows = min(len(array) for array in batch.values())
+        rows = layout.rows(batch)
         if size and rows > size:
             starts = range(0, rows - size + 1, size)
-            feeds += [onnx_io.fit_batch(model, {k: v[s : s + size] for k, v in batch.items()}) for s in starts]
+            feeds += [onnx_io.fit_batch(model, layout.take(batch, s, s + size), layout) for s in starts]
         else:
-            feeds.append(onnx_io.fit_batch(model, batch))
+            feeds.append(onnx_io.fit_batch(model, batch, layout))
     if not feeds:
         raise StepFailed("quantize: the calibration set has no batches")
     return feeds
@@ -165,13 +164,13 @@ def _library(what: str, work: Callable[[], None]) -> None:
         raise StepFailed(f"quantize: {what} failed: {first_line(err)}") from err
 
 
-def _check_runs(path: Path, sample: Batch) -> None:
+def _check_runs(path: Path, sample: Batch, layout: Layout) -> None:
     """The quantized model must load in ONNX Runtime and give finite outputs on a real batch."""
     try:
         sess = onnx_io.session(path)
     except Exception as err:
         raise StepFailed(f"quantize: the quantized model does not load in ONNX Runtime: {first_line(err)}") from err
-    feed = onnx_io.fit_batch(onnx_io.load_structure(path), sample)
+    feed = onnx_io.fit_batch(onnx_io.load_structure(path), sample, layout)
     try:
         outputs = sess.run(None, feed)
     except Exception as err:

@@ -15,7 +15,8 @@ import numpy as np
 import onnx
 
 from temper.artifacts import onnx_io
-from temper.artifacts.errors import EnvironmentProblem, OptionError
+from temper.artifacts.errors import EnvironmentProblem, OptionError, StepFailed
+from temper.artifacts.layout import AXIS0, Layout
 from temper.artifacts.onnx_io import Batch
 from temper.pipeline.step_options import QuantizeOptions
 
@@ -58,7 +59,12 @@ def validate(options: QuantizeOptions) -> None:
         raise OptionError(ignored[0], "backend: modelopt chooses its own histogram; remove this option")
 
 
-def quantize(src: Path, dst: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Path, large: bool) -> None:
+def quantize(src: Path, dst: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Path, large: bool,
+             layout: Layout = AXIS0) -> None:
+    moved = [name for name, axis in layout.inputs.items() if axis != 0]
+    if moved:  # it concatenates and steps through calibration data on axis 0
+        raise StepFailed(f"quantize: backend modelopt calibrates inputs batched on axis 0 only, and '{moved[0]}' "
+                         f"{'is a constant' if layout.inputs[moved[0]] is None else 'is not'}: use backend: ort")
     moq = require()
     local = scratch / "modelopt_input.onnx"  # ModelOpt writes its intermediate files beside its input
     onnx_io.save(onnx.load(str(src)), local)

@@ -1,0 +1,147 @@
+"""`model.inputs` against the model and the data, before anything is built on them.
+
+`check_graph` holds the declared inputs and outputs to an ONNX file's graph. Data holds one row per
+sample, samples first, whatever axis the model holds them on: temper moves each input's samples to
+its `batch_axis` when it forms a batch, and adds the constant inputs (a `value` in the recipe).
+`as_declared` checks each input's rows against its declared shape without the batch axis;
+`check_batch` runs the baseline on one real batch laid out that way, so a layout the model does not
+take is one line naming the input at `temper check` (and before `temper run` builds anything), never
+a run that gates models on batches they cannot take. The same runs find each output's batch axis:
+the one axis that grows with the samples, from a batch of 2 to one of 3.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from temper.artifacts import onnx_io
+from temper.artifacts.errors import OptionError, RecipeError, first_line
+from temper.artifacts.layout import Layout
+from temper.pipeline.recipe import InputSpec, ModelSpec
+
+
+def check_graph(model: onnx.ModelProto, spec: ModelSpec, name: str, file: str) -> None:
+    """Refuse declared inputs and outputs an ONNX model (`name`) does not have, in another shape, or short
+    of one it takes."""
+    real_inputs = onnx_io.dims(model)
+    for i, declared in enumerate(spec.inputs):
+        if declared.name not in real_inputs:
+            raise RecipeError(file, f"model.inputs[{i}].name",
+                              f"'{declared.name}' is not an input of {name}; its inputs: {', '.join(real_inputs)}")
+    for i, declared in enumerate(spec.inputs):
+        real = real_inputs[declared.name]
+        clash = [(a, d, r) for a, (d, r) in enumerate(zip(declared.shape, real))
+                 if isinstance(d, int) and isinstance(r, int) and r > 0 and d != r]
+        if len(real) != len(declared.shape) or clash:
+            scalar = " (a scalar: shape: [] with the value it takes, e.g. value: 16000)" if not real else ""
+            raise RecipeError(file, f"model.inputs[{i}].shape", f"declared {declared.shape}, but {name} takes "
+                                                                f"'{declared.name}' as {real}: declare the model's "
+                                                                f"shape{scalar}")
+    undeclared = [n for n in real_inputs if n not in {i.name for i in spec.inputs}]
+    if undeclared:
+        raise RecipeError(file, "model.inputs", f"{name} also takes '{undeclared[0]}': declare every input")
+    real_outputs = [o.name for o in model.graph.output]
+    for i, output in enumerate(spec.outputs):
+        if output not in real_outputs:
+            raise RecipeError(file, f"model.outputs[{i}]",
+                              f"'{output}' is not an output of {name}; its outputs: {', '.join(real_outputs)}")
+
+
+def as_declared(file: str, index: int, spec: InputSpec, values: np.ndarray, which: str) -> np.ndarray:
+    """The data for one input in its declared dtype, refused (with both keys named) when the data
+    cannot be that dtype without losing what it says, or its rows have another rank or fixed dim than
+    the declared shape without its batch axis."""
+    key = f"model.inputs[{index}]"
+    given = np.asarray(values)
+    if given.dtype.kind in "OUSV":
+        what = "text" if given.dtype.kind in "US" else f"{given.dtype} (not numeric)"
+        raise RecipeError(file, f"data.{which}",
+                          f"input '{spec.name}' gets {what} data, but {key} is {spec.dtype}: "
+                          "add a preprocess callable that turns it into numbers (e.g. a tokenizer)")
+    wanted = np.dtype(spec.dtype)
+    if wanted.kind in "iub" and given.dtype.kind == "f" and not np.array_equal(given, np.round(given)):
+        raise RecipeError(file, f"{key}.dtype",
+                          f"'{spec.name}' is declared {spec.dtype}, but data.{which} holds "
+                          f"fractional {given.dtype} values: declare float32, or fix the data")
+    shape, row = list(given.shape), [d for axis, d in enumerate(spec.shape) if axis != spec.batch_axis]
+    sample = f"each sample is {row}" + (f" (batch_axis {spec.batch_axis} left out)" if spec.batch_axis else "")
+    if len(shape) != len(spec.shape):
+        raise RecipeError(file, f"{key}.shape", f"'{spec.name}' is declared with {len(spec.shape)} dims "
+                                                f"{spec.shape}, so {sample}, but data.{which} rows have shape "
+                                                f"{shape[1:]} ({len(shape)} dims with the sample dim)")
+    for axis, (declared, real) in enumerate(zip(row, shape[1:]), 1):
+        if isinstance(declared, int) and declared != real:
+            raise RecipeError(file, f"{key}.shape",
+                              f"'{spec.name}' is declared {spec.shape}, so {sample}, but data.{which} "
+                              f"has {real} at axis {axis}: fix the declared shape or the data")
+    return given.astype(wanted, copy=False)
+
+
+def check_batch(path: Path, layout: Layout, rows: dict[str, np.ndarray], where: str,
+                inputs: list[InputSpec], file: str) -> Layout:
+    """Run the model at `path` on `rows` (one real batch, samples first) laid out by `layout`, and on 2
+    and 3 of its samples; `layout` with each output's batch axis. A feed the model does not take is a
+    RecipeError naming the input (`where` names the data set)."""
+    model = onnx_io.load_structure(path)
+    graph = onnx_io.dims(model)
+    at_batch = {graph[n][a] for n, a in layout.inputs.items() if a is not None and a < len(graph.get(n, []))}
+    fixed = onnx_io.fixed_batch(model, layout) if len(at_batch) == 1 else None  # the same on every batch axis
+    count = max(len(next(iter(rows.values()))), fixed or 0)  # a fixed batch past the sample: rows repeat
+    feed = layout.feed(_repeat(rows, count))
+    for index, spec in enumerate(inputs):
+        _fits(spec, index, list(feed[spec.name].shape), graph.get(spec.name, []), count, fixed, path.name, file)
+    session = onnx_io.session(path)
+    names = [o.name for o in session.get_outputs()]
+
+    def run(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            return dict(zip(names, session.run(names, onnx_io.fit_batch(model, batch, layout))))
+        except OptionError as exc:
+            raise RecipeError(file, where, f"input {exc.message}") from None
+        except Exception as exc:  # onnxruntime's errors share no base class
+            raise RecipeError(file, where, f"the baseline does not run on a batch of {layout.rows(batch)} samples "
+                                           f"laid out as model.inputs says: {first_line(exc)}") from exc
+
+    run(feed)
+    if onnx_io.fixed_batch(model, layout) is not None:
+        return layout  # a fixed batch: only one batch size runs, outputs hold their rows on axis 0
+    small, large = (run(layout.feed(_repeat(rows, k))) for k in (2, 3))
+    return layout.with_outputs({name: _output_axis(name, list(small[name].shape), list(large[name].shape), file)
+                                for name in names})
+
+
+def _repeat(rows: dict[str, np.ndarray], count: int) -> dict[str, np.ndarray]:
+    """`count` samples of `rows`, in order, repeated where it has fewer."""
+    return {name: array[np.arange(count) % len(array)] for name, array in rows.items()}
+
+
+def _fits(spec: InputSpec, index: int, got: list[int], want: list[int | str | None], count: int,
+          fixed: int | None, model: str, file: str) -> None:
+    """Refuse a feed whose fixed dims differ from the model's; on the batch axis only where the model does
+    not fix its batch (the same size on every input's batch axis, which fit_batch cuts the batch to)."""
+    axis = spec.batch_axis
+    if len(got) == len(want) and all(g == w for a, (g, w) in enumerate(zip(got, want))
+                                     if isinstance(w, int) and w > 0 and not (a == axis and w == fixed)):
+        return
+    if axis is None:
+        raise RecipeError(file, f"model.inputs[{index}].value",
+                          f"'{spec.name}' is the constant {spec.value!r} of shape {got}, but {model} takes {want}")
+    open_axes = [a for a, w in enumerate(want) if not (isinstance(w, int) and w > 0)]
+    hint = (f"set model.inputs[{index}].batch_axis: {open_axes[0]}" if len(open_axes) == 1 and open_axes[0] != axis
+            else "set its batch_axis to the axis of the model's shape that holds the samples")
+    raise RecipeError(file, f"model.inputs[{index}].batch_axis",
+                      f"'{spec.name}': a batch of {count} samples on batch_axis {axis} is {got}, but {model} "
+                      f"takes {want}: {hint} (data rows stay samples first; temper moves them there)")
+
+
+def _output_axis(name: str, small: list[int], large: list[int], file: str) -> int:
+    """The one axis of an output that goes from 2 to 3 when the samples do."""
+    grew = [a for a, (s, big) in enumerate(zip(small, large)) if s != big]
+    if len(small) == len(large) and len(grew) == 1 and (small[grew[0]], large[grew[0]]) == (2, 3):
+        return grew[0]
+    raise RecipeError(file, "model.outputs",
+                      f"output '{name}' is {small} for 2 samples and {large} for 3: temper gates and serves outputs "
+                      "with one row per sample on one axis, and cannot tell which holds them here")

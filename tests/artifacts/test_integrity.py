@@ -106,6 +106,7 @@ def test_pull_refuses_a_folder_it_did_not_write_and_replaces_its_own(temper, tin
     assert not (pulled / "stale.onnx.data").exists()  # the pull's own folder is replaced whole
 
 
+@pytest.mark.slow
 def test_a_changed_registry_copy_is_refused_by_pull_serve_and_the_pyfunc_model(temper, tiny: Path, tmp_path: Path,
                                                                               store: Path) -> None:
     _register(_published(tmp_path, tiny), store)

@@ -76,6 +76,7 @@ def tracking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     mlflow.set_tracking_uri(previous)
 
 
+@pytest.mark.slow
 def test_logged_model_loads_in_a_fresh_process_and_predicts_like_onnx(bundle: Path, tracking, tmp_path: Path) -> None:
     uri, experiment = tracking
     with mlflow.start_run(experiment_id=experiment):

@@ -246,6 +246,7 @@ def test_a_corrupt_manifest_is_bad_input_for_validate(tmp_path: Path) -> None:
     assert files(out) == {"manifest.json": b'{"build_sha256": "trunc'}
 
 
+@pytest.mark.slow
 def test_validate_re_gates_a_folder_whatever_the_recipe_is_named_or_publishes_to_but_not_other_steps(tmp_path):
     recipe = tiny_recipe(tmp_path, validate={"accuracy": {"metric": "top1", "max_drop": 0.5}})
     out = tmp_path / "out"
@@ -283,6 +284,7 @@ def test_publishing_prints_no_library_logs_or_warnings(tmp_path: Path) -> None:
     assert [line for line in result.stderr.splitlines() if line.strip() and "✓" not in line] == []
 
 
+@pytest.mark.slow
 def test_each_shared_step_is_reported_once(tmp_path: Path) -> None:
     """The pre-flight needs the baseline before the build does: it is built (or read from the cache) once,
     so `baseline › simplify` is one line, not one for the pre-flight and one for the build."""

@@ -156,6 +156,7 @@ def test_validate_when_a_weights_file_is_cut_short_or_missing(tmp_path: Path, da
 # --- folders named by flags: pull --dest, the step cache
 
 
+@pytest.mark.slow
 def test_pull_into_a_file_under_a_file_or_a_read_only_folder(tmp_path: Path) -> None:
     recipe = tiny_recipe(tmp_path, **GATED, publish={"mlflow": {"registered_model": "tiny"}})
     assert temper("run", recipe, "--output", tmp_path / "out").returncode == 0

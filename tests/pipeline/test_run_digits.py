@@ -68,6 +68,7 @@ def test_run_writes_every_candidate_and_a_truthful_manifest(temper, digits, tmp_
         assert accuracy > 0.95, (name, accuracy)
 
 
+@pytest.mark.slow
 def test_rerun_reuses_every_step_and_one_change_rebuilds_only_downstream(temper, digits, tmp_path):
     assert temper("run", digits, "--output", tmp_path / "a").code == 0
     again = temper("run", digits, "--output", tmp_path / "b")

@@ -122,6 +122,7 @@ def test_a_scalar_input_needs_its_value(temper, vad: Path) -> None:
     assert "'sr' has shape [] (a scalar has no axis to hold samples): give the value" in line
 
 
+@pytest.mark.slow
 def test_run_gates_publishes_and_the_pulled_bundle_serves_several_clients(temper, vad: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = temper("run", vad, "--output", out)

@@ -149,6 +149,7 @@ def _nncf_candidate(recipe: Path, **options: object) -> None:
     edit_recipe(recipe, change)
 
 
+@pytest.mark.slow
 def test_an_nncf_candidate_builds_is_gated_and_counted_int8(temper, gated_digits: Path, tmp_path: Path) -> None:
     _nncf_candidate(gated_digits)
     out = tmp_path / "out"

@@ -12,8 +12,10 @@ pulls in torch (onnxsim, onnxruntime.tools) where it runs, never at module level
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar
@@ -118,3 +120,13 @@ def require_known(key: str, what: str, wanted: list[str], present: list[str]) ->
             hint = f"the graph has no named {what}s"
         raise OptionError(f"{key}[{index}]", f"{what} '{name}' is not in the graph; {hint}")
 
+
+@contextlib.contextmanager
+def quiet_logger(logger: logging.Logger) -> Iterator[None]:
+    """Only `logger`'s errors while a library runs: torch.onnx and NNCF log progress the CLI shows its own way."""
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

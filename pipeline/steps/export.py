@@ -17,6 +17,7 @@ from temper.artifacts.errors import OptionError, StepFailed, first_line
 from temper.artifacts.onnx_io import Batch
 from temper.pipeline.input_layout import layout_of
 from temper.pipeline.recipe import ModelSpec
+from temper.pipeline.steps.base import quiet_logger
 from temper.validators.fidelity import compare
 
 
@@ -46,7 +47,8 @@ def export(module: torch.nn.Module, spec: ModelSpec, sample: Batch, dst: Path, s
         raise OptionError("inputs", f"the model does not run on a batch of the declared inputs ({shown}): "
                                     f"{first_line(exc)}; declare the dtypes and shapes its forward() takes") from exc
     try:
-        with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(logs), _quiet_torch_logs():
+        with (torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(logs),
+              quiet_logger(logging.getLogger("torch"))):
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 module, args, str(raw),
@@ -76,14 +78,3 @@ def export(module: torch.nn.Module, spec: ModelSpec, sample: Batch, dst: Path, s
             raise StepFailed(f"export: ONNX output differs from torch beyond atol={opts.atol}, rtol={opts.rtol}: "
                              f"{result.describe()}")
 
-
-@contextlib.contextmanager
-def _quiet_torch_logs():
-    """torch.onnx prints progress and warnings through logging; the CLI shows its own progress."""
-    logger = logging.getLogger("torch")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)

@@ -8,10 +8,7 @@ it. What a recipe says that NNCF's ONNX path cannot do is refused by `validate`,
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,6 +20,7 @@ from temper.artifacts.errors import EnvironmentProblem, OptionError
 from temper.artifacts.onnx_io import Batch
 from temper.pipeline import presets
 from temper.pipeline.step_options import NNCF_PRESETS, QuantizeOptions
+from temper.pipeline.steps.base import quiet_logger
 
 TELEMETRY = "openvino_telemetry"
 
@@ -83,7 +81,9 @@ def quantize(src: Path, dst: Path, options: QuantizeOptions, feeds: list[Batch],
     nncf = require()
     model = onnx.load(str(src), load_external_data=not large)  # external data: NNCF reads it from its folder
     scope = nncf.IgnoredScope(names=options.exclude_nodes, types=options.exclude_op_types)
-    with _quiet():
+    from nncf.common.logging import nncf_logger  # its INFO lines go to a stdout handler made at import
+
+    with quiet_logger(nncf_logger):
         quantized = nncf.quantize(
             model,
             nncf.Dataset(feeds),
@@ -123,15 +123,3 @@ def _advanced(options: QuantizeOptions, external_data: Path | None) -> Any:
         advanced.backend_params[BackendParameters.EXTERNAL_DATA_DIR] = str(external_data)
     return advanced
 
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """NNCF logs INFO lines to a stdout handler it made at import (the step's redirect cannot reach it)."""
-    from nncf.common.logging import nncf_logger as logger
-
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)

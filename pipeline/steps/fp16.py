@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto
 from onnxruntime.transformers.float16 import convert_float_to_float16
 from onnxruntime.transformers.onnx_model import OnnxModel
@@ -23,9 +22,10 @@ from temper.artifacts.errors import OptionError, StepFailed, close_names, first_
 from temper.artifacts.onnx_io import Batch, fit_batch, load_structure, save, session
 from temper.pipeline.step_options import Fp16Options
 from temper.pipeline.steps.base import Step, StepContext, require_known
+from temper.pipeline.steps.tensor_probe import Probe, Saved, chunks, dims_of, named_dims
 
 HINT = "keep the nodes it names in FP32 with node_block_list, or their op types with op_block_list"
-CHUNK = 64  # tensors read back per run: bounds the memory of the finite check
+CHUNK_BYTES = 256 * 2**20  # float16 tensors of one batch read back per run (the finite check's memory)
 
 
 def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
@@ -67,23 +67,21 @@ def _keep_fp32_between_blocked(graph: onnx.GraphProto) -> None:
     graph.node.extend(kept)
 
 
-def _non_finite(model: onnx.ModelProto, folder: Path, names: list[str], feed: Batch) -> dict[str, np.ndarray]:
-    """NaN/Inf masks of the named tensors that have any, read back as extra graph outputs.
+def _non_finite(path: Path, weights: Path, names: list[str], feed: Batch) -> dict[str, np.ndarray]:
+    """Flat NaN/Inf masks of the named tensors that have any, read a bounded chunk at a time
+    (tensor_probe): all of them as outputs of one run held MiniLM's every activation (4.9 GiB).
 
-    `model` is a structure-only load whose external data lives in `folder`; it is modified.
+    `path` is a shape-inferred model whose external data lives in `weights`.
     """
-    types = {v.name: v.type for v in (*model.graph.value_info, *model.graph.input, *model.graph.output)}
-    names = [n for n in names if n in types]  # shape inference left it untyped: nothing to compare
-    present = {o.name for o in model.graph.output}
-    model.graph.output.extend(onnx.helper.make_value_info(n, types[n]) for n in names if n not in present)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
-    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    model = load_structure(path)
+    infos = {v.name: v for v in (*model.graph.value_info, *model.graph.input, *model.graph.output)}
+    names = [n for n in dict.fromkeys(names) if n in infos]  # untyped by shape inference: nothing to compare
+    types = {n: Saved(infos[n].type.tensor_type.elem_type, dims_of(infos[n])) for n in names}
+    named = named_dims(path, [feed])
+    probe = Probe(path, types, weights)
     found = {}
-    for start in range(0, len(names), CHUNK):
-        chunk = names[start : start + CHUNK]
-        for name, value in zip(chunk, sess.run(chunk, feed)):
+    for chunk in chunks(names, lambda n: types[n].nbytes(named), CHUNK_BYTES):
+        for name, value in next(probe.read(chunk, [feed])).items():
             if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
                 found[name] = ~np.isfinite(value)
     return found
@@ -191,15 +189,16 @@ class Fp16(Step[Fp16Options]):
         producers = {out: node for node in half.graph.node for out in node.output}
         watched = [name for name in producers if types.get(name) == TensorProto.FLOAT16 or name in outputs]
         try:
-            bad = _non_finite(half, dst.parent, watched, half_feed)
+            bad = _non_finite(dst, dst.parent, watched, half_feed)
         except Exception as err:
             raise StepFailed(f"fp16: the converted model fails on a real batch: {first_line(err)}; {HINT}") from err
         if not bad:
             return
         full = load_structure(inferred)
         twins = _twins(half, full)
-        full_bad = {k: ~np.isfinite(v) for k, v in feed.items() if np.issubdtype(v.dtype, np.floating)}
-        full_bad |= _non_finite(full, src.parent, [twins[n] for n in bad if n in twins and twins[n] not in feed], feed)
+        full_bad = {k: ~np.isfinite(np.ravel(v)) for k, v in feed.items() if np.issubdtype(v.dtype, np.floating)}
+        suspects = [twins[n] for n in bad if n in twins and twins[n] not in feed]
+        full_bad |= _non_finite(inferred, src.parent, suspects, feed)
         for name in (n for n in watched if n in bad):
             twin = twins.get(name)
             fresh = bad[name] & ~full_bad[twin] if twin in full_bad else bad[name]

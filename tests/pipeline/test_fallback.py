@@ -259,6 +259,25 @@ def test_the_streamed_ranking_equals_the_all_at_once_computation(prepared_conv, 
         assert chunks == 1
 
 
+def test_the_ranking_reads_big_batches_a_few_rows_per_run_with_the_same_result(prepared_conv, tmp_path):
+    """Energy sums add up over rows, so the ranking runs CALIBRATION_ROWS_PER_CALL rows at a time (a run
+    holds its chunk's activations, so smaller runs hold less) and ranks exactly as whole batches do."""
+    import numpy as np
+
+    from temper.pipeline.steps.quantize import quantize_static
+
+    prepared, options, feeds = prepared_conv
+    joined = [{name: np.concatenate([f[name] for f in feeds]) for name in feeds[0]}]  # one batch of 24 rows
+    notes: list[str] = []
+    streamed = sensitivity.rank(prepared, options, joined, tmp_path, progress=notes.append)
+    reference = _reference_rank(prepared, options, joined, tmp_path)
+    runs = 24 // quantize_static.CALIBRATION_ROWS_PER_CALL
+    assert notes[-1].endswith(f"batch {runs}/{runs}") and runs == 3
+    assert [r.node for r in streamed] == [r.node for r in reference] and len(streamed) >= 4
+    assert [r.sqnr_db for r in streamed] == pytest.approx([r.sqnr_db for r in reference], abs=0.011)
+    assert [r.accumulated_db for r in streamed] == pytest.approx([r.accumulated_db for r in reference], abs=0.011)
+
+
 def test_a_model_with_external_weights_is_ranked_the_same_from_its_files(tmp_path):
     """Models over 2 GB keep their weights in files beside them: the cut-down models must find them."""
     import onnx

@@ -8,6 +8,7 @@ full range, and the scales come out equal to MinMax. The ranges we compute go ba
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -72,7 +73,7 @@ class Prepared:
 
 
 # The calibrator makes every tensor a graph output, so one call holds all of that call's activations
-# at once (MiniLM, 32 rows of 128 tokens: about 4 GiB). MinMax calibrates a few rows per call: min and
+# at once (MiniLM, 32 rows of 128 tokens: about 4 GiB). MinMax (and the SQNR ranking) reads a few rows per call: min and
 # max do not depend on how rows are split. The histogram methods (entropy, percentile) keep one call
 # per calibration batch, since their histograms do depend on it: data.calibration.batch_size bounds
 # their memory. A model with a fixed batch dim takes whole batches.
@@ -94,12 +95,8 @@ def prepare(src: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Pa
             extra_options={"num_bins": options.num_bins, "percentile": options.percentile,
                            "symmetric": options.symmetric_activations},
         )
-        batch_dims = [shape[0] if shape else None for shape in onnx_io.dims(onnx_io.load_structure(model)).values()]
-        exact = options.calibration == "minmax" and not any(isinstance(dim, int) for dim in batch_dims)
-        rows = CALIBRATION_ROWS_PER_CALL if exact else None
-        for feed in feeds:  # a few rows per call: every activation of a call is held at once
-            for part in _in_parts(feed, rows):
-                calibrator.collect_data(_Reader([part]))
+        for part in in_calls(model, feeds, split=options.calibration == "minmax"):
+            calibrator.collect_data(_Reader([part]))  # every activation of a call is held at once
         save_tensors_data(calibrator.compute_data(), ranges)
     return Prepared(model, ranges, large)
 
@@ -155,6 +152,16 @@ def extra_options(options: QuantizeOptions) -> dict[str, Any]:
     if options.dedicated_qdq_pairs:
         extra |= {"AddQDQPairToWeight": True, "DedicatedQDQPair": True}
     return extra
+
+
+def in_calls(model: Path, feeds: list[Batch], split: bool) -> Iterator[Batch]:
+    """`feeds` as the runs that read `model`'s activations: CALIBRATION_ROWS_PER_CALL rows each when
+    the result does not depend on how rows are split (`split`: MinMax, the SQNR ranking's energy
+    sums) and the model's batch dim is dynamic; otherwise whole batches."""
+    batch_dims = [shape[0] if shape else None for shape in onnx_io.dims(onnx_io.load_structure(model)).values()]
+    rows = CALIBRATION_ROWS_PER_CALL if split and not any(isinstance(dim, int) for dim in batch_dims) else None
+    for feed in feeds:
+        yield from _in_parts(feed, rows)
 
 
 def _in_parts(feed: Batch, rows: int | None) -> list[Batch]:

@@ -7,8 +7,8 @@ quantized, weights included: low means the INT8 grid cannot hold that tensor (ou
 attention mask in the range).
 
 Memory stays bounded whatever the model and sample count: the tensors are read a chunk at a time
-(tensor_probe: a cut-down model per chunk, about `chunk_bytes` of activations for one batch), every
-batch runs through each chunk and is reduced to signal and noise energy sums at once, in float64
+(tensor_probe: a cut-down model per chunk, about `chunk_bytes` of activations for one run of a few
+rows), every run goes through each chunk and is reduced to signal and noise energy sums at once, in float64
 slices. Reading everything in one run held every activation of a batch (MiniLM: 17.9 GiB).
 The price is one forward pass per chunk and batch, over the part of the graph the chunk needs.
 """
@@ -29,12 +29,15 @@ from onnxruntime.quantization import qdq_loss_debug as debug
 from temper.artifacts.onnx_io import Batch
 from temper.pipeline.step_options import QuantizeOptions
 from temper.pipeline.steps.quantize import quantize_static
-from temper.pipeline.steps.quantize.tensor_probe import Probe, named_dims, saved_tensors
+from temper.pipeline.steps.tensor_probe import Probe, named_dims, saved_tensors
 
 # PyTorch names repeated modules `layer.3`, `blocks.2`: the block is the path up to that index.
 _BLOCK = re.compile(r"^(.*?/[A-Za-z_]+\.\d+)/")
 
-CHUNK_BYTES = 2**30  # activations of one batch held at once, both models together
+# Activations of one run held at once, both models together. Runs are a few rows each (in_calls),
+# so a chunk holds more activations: MiniLM's 64 ranking samples took 10 chunks of 1 GiB in runs of
+# 32 rows (3.7 GiB resident), and far fewer passes over the graph in runs of 8.
+CHUNK_BYTES = 2**28
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,8 @@ def rank(prepared: quantize_static.Prepared, options: QuantizeOptions, feeds: li
     qdq = scratch / "sensitivity-qdq.onnx"
     quantize_static.write(prepared, qdq, options.model_copy(update={"format": "qdq"}), [])
     local, accumulated = _Ratio(), _Ratio()
-    for note in _measure(prepared.model, qdq, feeds, chunk_bytes, local, accumulated):
+    runs = list(quantize_static.in_calls(prepared.model, feeds, split=True))  # energies add up over rows
+    for note in _measure(prepared.model, qdq, runs, chunk_bytes, local, accumulated):
         if progress is not None:
             progress(note)
     tensors = local.db()

@@ -1,16 +1,18 @@
 """Read a model's intermediate tensors a few at a time, so memory holds only those.
 
-ONNX Runtime's qdq_loss_debug makes every tensor a graph output, and a session keeps every graph
-output of a run alive until the run ends, requested or not: one batch through BERT then holds
-every activation at once (17.9 GiB for MiniLM's fallback test). A probe instead builds, per set of
-tensors, a model cut down to the nodes those tensors need, with just them as outputs (flattened
-by a Reshape, as qdq_loss_debug does, so that graph inputs can be read the same way).
+Making every tensor a graph output (ONNX Runtime's qdq_loss_debug, the fp16 step's finite check)
+holds them all: a session keeps every graph output of a run alive until the run ends, requested
+or not, so one batch through BERT holds every activation at once (17.9 GiB for MiniLM's fallback
+ranking, 4.9 GiB for its fp16 check). A probe instead builds, per set of tensors, a model cut down
+to the nodes those tensors need, with just them as outputs (flattened by a Reshape, as
+qdq_loss_debug does, so that graph inputs can be read the same way); `chunks` groups tensors
+into such sets by their size.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +50,7 @@ def saved_tensors(path: Path) -> dict[str, Saved]:
     chosen, value_infos = calibrater.select_tensors_to_calibrate(calibrater.model)
     ordered = dict.fromkeys(t for node in calibrater.model.graph.node for t in (*node.input, *node.output)
                             if t in chosen)
-    return {t: Saved(value_infos[t].type.tensor_type.elem_type, _dims(value_infos[t])) for t in ordered}
+    return {t: Saved(value_infos[t].type.tensor_type.elem_type, dims_of(value_infos[t])) for t in ordered}
 
 
 def named_dims(model: Path, feeds: list[Batch]) -> dict[str, int]:
@@ -57,13 +59,13 @@ def named_dims(model: Path, feeds: list[Batch]) -> dict[str, int]:
     for spec in onnx.load(str(model), load_external_data=False).graph.input:
         for feed in feeds:
             if spec.name in feed:
-                for dim, size in zip(_dims(spec) or (), np.shape(feed[spec.name]), strict=False):
+                for dim, size in zip(dims_of(spec) or (), np.shape(feed[spec.name]), strict=False):
                     if isinstance(dim, str):
                         named[dim] = max(named.get(dim, 0), int(size))
     return named
 
 
-def _dims(info: onnx.ValueInfoProto) -> tuple[int | str | None, ...] | None:
+def dims_of(info: onnx.ValueInfoProto) -> tuple[int | str | None, ...] | None:
     tensor = info.type.tensor_type
     if not tensor.HasField("shape"):
         return None
@@ -71,14 +73,17 @@ def _dims(info: onnx.ValueInfoProto) -> tuple[int | str | None, ...] | None:
 
 
 class Probe:
-    """One model (weights left on disk where they are external) whose chosen tensors can be read."""
+    """One model (weights left on disk where they are external) whose chosen tensors can be read.
 
-    def __init__(self, path: Path, types: dict[str, Saved]) -> None:
-        self.path, self.types = path, types
+    `weights`: the folder its external data lives in, when not the model's own (a structure
+    saved elsewhere, such as a shape-inferred copy). Nothing is written there: the cut models are
+    loaded from memory and read their weights from that folder."""
+
+    def __init__(self, path: Path, types: dict[str, Saved], weights: Path | None = None) -> None:
+        self.path, self.types, self.weights = path, types, weights or path.parent
         self.model = onnx.load(str(path), load_external_data=False)
         graph = self.model.graph
         self.producer = {out: index for index, node in enumerate(graph.node) for out in node.output}
-        self.external = any(i.data_location == onnx.TensorProto.EXTERNAL for i in graph.initializer)
 
     def read(self, tensors: list[str], feeds: list[Batch]) -> Iterator[dict[str, np.ndarray]]:
         """For each feed, {tensor: flat array} of `tensors`; one session serves every feed."""
@@ -92,12 +97,8 @@ class Probe:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as collect_activations
         options.log_severity_level = 3
         options.enable_cpu_mem_arena = False  # a chunk's outputs go back to the OS when it is done
-        model = self._cut(tensors)
-        if not self.external:
-            return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        probe = self.path.with_name(f"{self.path.stem}-probe.onnx")  # beside it: external data paths resolve
-        onnx.save(model, str(probe))
-        return ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(self.weights))
+        return ort.InferenceSession(self._cut(tensors).SerializeToString(), options, providers=["CPUExecutionProvider"])
 
     def _cut(self, tensors: list[str]) -> onnx.ModelProto:
         """The model reduced to the nodes `tensors` depend on, each tensor a flattened output."""
@@ -142,3 +143,22 @@ def _reads(node: onnx.NodeProto) -> list[str]:
             for inner in graph.node:
                 names += _reads(inner)
     return names
+
+
+def chunks(names: list[str], size: Callable[[str], int | None], budget: int) -> Iterator[list[str]]:
+    """`names` in order, grouped so that each group's known sizes add up to about `budget` bytes
+    (at least one name per group). A name of unknown size counts as the largest known one."""
+    known = [s for s in map(size, names) if s is not None]
+    fallback = max(known, default=budget)
+    group: list[str] = []
+    held = 0
+    for name in names:
+        bytes_ = size(name)
+        bytes_ = fallback if bytes_ is None else bytes_
+        if group and held + bytes_ > budget:
+            yield group
+            group, held = [], 0
+        group.append(name)
+        held += bytes_
+    if group:
+        yield group

@@ -112,7 +112,7 @@ class ClientRegions:
         with self._lock:
             if name in self._regions:
                 raise ShmError(f"shared memory region '{name}' is registered already; unregister it first")
-            self._regions[name] = _open(name, key, offset, byte_size, os.path.join(SHM_DIR, match[1]))
+            self._regions[name] = _open(name, match.string, offset, byte_size, os.path.join(SHM_DIR, match[1]))
 
     def unregister(self, name: str = "") -> None:
         """Release region `name` (every region when empty); a name not registered is no error, as in Triton."""

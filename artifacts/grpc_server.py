@@ -197,17 +197,15 @@ class InferenceService(SharedMemoryRpcs, pb_grpc.GRPCInferenceServiceServicer):
         response = pb.ModelInferResponse(model_name=self.name, model_version=VERSION, id=request.id)
         for name, target in wanted:
             array = results[name]
-            output = response.outputs.add(name=name, datatype=DATATYPES[array.dtype.name], shape=array.shape)
+            response.outputs.add(name=name, datatype=DATATYPES[array.dtype.name], shape=array.shape)
             if target is None:
                 little = np.ascontiguousarray(array, array.dtype.newbyteorder("<"))
                 response.raw_output_contents.append(little.tobytes())
                 continue
             try:
-                written = self.regions.write(f"output '{name}'", target, array)
+                self.regions.write(f"output '{name}'", target, array)
             except ShmError as exc:  # unregistered meanwhile, or the output is larger than the space given
                 raise _invalid(str(exc)) from None
-            output.parameters["shared_memory_region"].string_param = target.region
-            output.parameters["shared_memory_byte_size"].int64_param = written
             response.raw_output_contents.append(b"")  # as Triton: one entry per output keeps them in order
         return response
 

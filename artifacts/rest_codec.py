@@ -181,13 +181,10 @@ class RestCodec:
             array = results[name]
             entry: dict[str, Any] = {"name": name, "datatype": DATATYPES[array.dtype.name], "shape": list(array.shape)}
             if target is not None:
-                try:
-                    written = self.regions.write(f"output '{name}'", target, array)
+                try:  # listed without data or parameters, as Triton does (its C++ client reads parameters
+                    self.regions.write(f"output '{name}'", target, array)  # as binary_data_size)
                 except ShmError as exc:  # unregistered meanwhile, or the output is larger than the space given
                     raise HttpError(400, str(exc)) from None
-                entry["parameters"] = {"shared_memory_region": target.region, "shared_memory_byte_size": written}
-                if target.offset:
-                    entry["parameters"]["shared_memory_offset"] = target.offset
             elif as_binary:
                 blob = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
                 entry["parameters"] = {"binary_data_size": len(blob)}

@@ -9,7 +9,7 @@ while client shared memory is off (`temper serve --allow-client-shm` turns it on
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
@@ -18,7 +18,7 @@ from temper.artifacts.client_shm import NO_CUDA, ClientRegions, ShmError
 
 SHM_STATUS = {"invalid": grpc.StatusCode.INVALID_ARGUMENT, "not_found": grpc.StatusCode.NOT_FOUND,
               "forbidden": grpc.StatusCode.PERMISSION_DENIED}
-Context = grpc.ServicerContext
+Context: TypeAlias = grpc.ServicerContext
 
 
 class SharedMemoryRpcs:

@@ -100,11 +100,11 @@ def _module(protocol: str) -> Any:
 
 
 def _shm_request(protocol: str, name_in: str, name_out: str, in_offset: int = 0, out_bytes: int = Y_BYTES,
-                 ) -> tuple[list, list]:
+                 in_bytes: int = X_BYTES) -> tuple[list, list]:
     """Inputs x and ids from region name_in (x at in_offset), outputs y and total into region name_out."""
     m = _module(protocol)
     x, ids = m.InferInput("x", [2, 4], "FP32"), m.InferInput("ids", [2, 3], "INT64")
-    x.set_shared_memory(name_in, X_BYTES, offset=in_offset)
+    x.set_shared_memory(name_in, in_bytes, offset=in_offset)
     ids.set_shared_memory(name_in, IDS_BYTES, offset=X_BYTES)
     y, total = m.InferRequestedOutput("y"), m.InferRequestedOutput("total")
     y.set_shared_memory(name_out, out_bytes)
@@ -246,6 +246,7 @@ def test_out_of_bounds_and_unknown_regions_are_refused_and_the_server_answers_on
         (_shm_request(protocol, "in", "out", in_offset=IDS_BYTES + 8), "is past the end of region 'in'"),
         (_shm_request(protocol, "nowhere", "out"), "no shared memory region 'nowhere' is registered"),
         (_shm_request(protocol, "in", "elsewhere"), "no shared memory region 'elsewhere' is registered"),
+        (_shm_request(protocol, "in", "out", in_bytes=X_BYTES - 4), "does not match its shape and datatype"),
         (_shm_request(protocol, "in", "out", out_bytes=Y_BYTES - 4), "is too small for the output"),
     ]
     before = both.runtime.metrics.snapshot()["execution_count"]

@@ -3,8 +3,10 @@
 The messages and the servicer base class are the generated stubs tritonclient ships, so the wire
 format is Triton's own and tritonclient.grpc and perf_analyzer talk to it unchanged. ModelConfig and
 ModelStatistics answer the same documents as REST's `/config` and `/stats` (artifacts/triton_extensions.py)
-as protobuf; the repository RPCs answer as Triton does for a repository of one model. RPCs not
-implemented here (streaming, shared memory, trace, log settings) answer UNIMPLEMENTED from the base class.
+as protobuf; the repository RPCs answer as Triton does for a repository of one model. The system
+shared-memory RPCs register, list and release artifacts/client_shm.py's regions (shared with the REST
+server); the CUDA ones list none and refuse to register any. RPCs not implemented here (streaming,
+trace, log settings) answer UNIMPLEMENTED from the base class.
 
 Behind it is the same Runtime as the REST server: one batcher, one bounded queue, one set of
 metrics. It runs on gRPC's own thread pool, not on uvicorn's event loop (which server.py owns):
@@ -22,6 +24,7 @@ Status codes, each with a one-line message; the server keeps serving afterwards:
                       stopped (`temper serve` shutting down stops it before this server)
   RESOURCE_EXHAUSTED  too many RPCs in flight, message over the size limit (gRPC's own answers)
   DEADLINE_EXCEEDED   the client's own deadline passed first
+  PERMISSION_DENIED   a shared-memory RPC while client shared memory is off (`--allow-client-shm`)
   INTERNAL            the engine itself failed
 """
 
@@ -46,11 +49,13 @@ except (ImportError, RuntimeError) as exc:  # tritonclient reports a missing grp
         from exc
 
 from temper.artifacts.bundle import TensorSpec
+from temper.artifacts.client_shm import ClientRegions, ShmError, Target
 from temper.artifacts.counters import OTHER
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.protocol import DATATYPES, VERSION, WIRE
-from temper.artifacts.request_params import check_input, check_output, queue_timeout_s
+from temper.artifacts.request_params import check_output, queue_timeout_s
 from temper.artifacts.runtime import Runtime
+from temper.artifacts.shm_grpc import SharedMemoryRpcs
 from temper.artifacts.triton_extensions import EXTENSIONS, PLATFORM, model_config, statistics
 
 log = logging.getLogger(__name__)
@@ -79,11 +84,13 @@ class Refused(Exception):
         self.code = code
 
 
-class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
-    """Health, metadata, configuration, statistics, the repository of one model and ModelInfer for one Runtime."""
+class InferenceService(SharedMemoryRpcs, pb_grpc.GRPCInferenceServiceServicer):
+    """Health, metadata, configuration, statistics, the repository of one model, shared memory and ModelInfer
+    for one Runtime."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, regions: ClientRegions | None = None) -> None:
         self.runtime = runtime
+        self.regions = regions if regions is not None else ClientRegions()
         config = runtime.config
         self.name = config.name
         self.inputs = {spec.name: spec for spec in config.inputs}
@@ -188,31 +195,43 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         else:
             results = self.runtime.result(future, timeout_s)
         response = pb.ModelInferResponse(model_name=self.name, model_version=VERSION, id=request.id)
-        for name in wanted:
+        for name, target in wanted:
             array = results[name]
             response.outputs.add(name=name, datatype=DATATYPES[array.dtype.name], shape=array.shape)
-            response.raw_output_contents.append(np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes())
+            if target is None:
+                little = np.ascontiguousarray(array, array.dtype.newbyteorder("<"))
+                response.raw_output_contents.append(little.tobytes())
+                continue
+            try:
+                self.regions.write(f"output '{name}'", target, array)
+            except ShmError as exc:  # unregistered meanwhile, or the output is larger than the space given
+                raise _invalid(str(exc)) from None
+            response.raw_output_contents.append(b"")  # as Triton: one entry per output keeps them in order
         return response
 
     def _decode_inputs(self, request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
-        """Arrays from raw_input_contents (one per input, in order) or from each input's typed contents.
+        """Arrays from shared memory regions, raw_input_contents (one per other input, in order) or each
+        input's typed contents.
 
         Missing inputs and shapes the model does not take are left to the Runtime's own checks."""
         raw = request.raw_input_contents
-        if raw and len(raw) != len(request.inputs):
-            raise _invalid(f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; one per input, in order")
+        try:
+            targets = [self.regions.target(f"input '{t.name}'", _params(t.parameters)) for t in request.inputs]
+        except ShmError as exc:
+            raise _invalid(str(exc)) from None
+        in_body = sum(target is None for target in targets)
+        if raw and len(raw) != in_body:
+            raise _invalid(f"{len(raw)} raw_input_contents for {in_body} inputs; one per input not in shared "
+                           "memory, in order")
         inputs: dict[str, np.ndarray] = {}
-        for index, tensor in enumerate(request.inputs):
+        index = 0
+        for tensor, target in zip(request.inputs, targets, strict=True):
             name = tensor.name
             spec = self.inputs.get(name)
             if spec is None:
                 raise _invalid(f"unknown input '{name}'; the model takes {', '.join(self.inputs)}")
             if name in inputs:
                 raise _invalid(f"input '{name}' is given twice")
-            try:
-                check_input(name, _params(tensor.parameters))
-            except RequestError as exc:
-                raise _invalid(str(exc)) from None
             datatype = DATATYPES[spec.dtype]
             if tensor.datatype != datatype:
                 raise _invalid(f"input '{name}': datatype '{tensor.datatype}' does not match the model's {datatype}")
@@ -220,13 +239,22 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             if any(d < 0 for d in shape):
                 raise _invalid(f"input '{name}': shape must be non-negative integers, got {shape}")
             dtype, count = WIRE[datatype], math.prod(shape)
-            if raw:
+            if target is not None:
+                if tensor.HasField("contents"):
+                    raise _invalid(f"input '{name}' names a shared memory region and also has contents; "
+                                   "send one or the other")
+                try:
+                    array = self.regions.read(f"input '{name}'", target, dtype, count)
+                except ShmError as exc:
+                    raise _invalid(str(exc)) from None
+            elif raw:
                 if tensor.HasField("contents"):
                     raise _invalid(f"input '{name}' has contents although the request uses raw_input_contents")
                 if len(raw[index]) != count * dtype.itemsize:
                     raise _invalid(f"input '{name}': {len(raw[index])} raw bytes for shape {shape} of {datatype} "
                                    f"({count * dtype.itemsize} bytes)")
                 array = np.frombuffer(raw[index], dtype=dtype)
+                index += 1
             else:
                 field = CONTENTS.get(datatype)
                 if field is None:
@@ -241,18 +269,26 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             inputs[name] = array.reshape(shape)
         return inputs
 
-    def _wanted_outputs(self, request: pb.ModelInferRequest) -> list[str]:
-        """The outputs to answer with, in the order asked (all of them when none is asked for)."""
+    def _wanted_outputs(self, request: pb.ModelInferRequest) -> list[tuple[str, Target | None]]:
+        """The outputs to answer with, in the order asked (all of them when none is asked for), each
+        with the shared memory it goes to (checked now: a request that cannot be answered is not run)."""
         if not request.outputs:
-            return self.outputs
+            return [(name, None) for name in self.outputs]
+        wanted = []
         for output in request.outputs:
             if output.name not in self.outputs:
                 raise _invalid(f"unknown output '{output.name}'; the model gives {', '.join(self.outputs)}")
+            params = _params(output.parameters)
+            where = f"output '{output.name}'"
             try:
-                check_output(output.name, _params(output.parameters))
+                check_output(output.name, params)
+                target = self.regions.target(where, params)
+                if target is not None:
+                    self.regions.check(where, target)
             except RequestError as exc:
                 raise _invalid(str(exc)) from None
-        return [output.name for output in request.outputs]
+            wanted.append((output.name, target))
+        return wanted
 
 
 class GrpcServer:
@@ -263,11 +299,11 @@ class GrpcServer:
     """
 
     def __init__(self, runtime: Runtime, host: str = "127.0.0.1", port: int = 8001,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, regions: ClientRegions | None = None) -> None:
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         # what the Runtime can hold queued and running, and SPARE more that it answers at once (queue full)
         in_flight = runtime.config.max_queue + runtime.max_rows + SPARE_RPCS
-        service = InferenceService(runtime)
+        service = InferenceService(runtime, regions)
         self.server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="temper-grpc"),
             interceptors=[Unparsable(service.refused)],

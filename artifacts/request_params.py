@@ -4,7 +4,8 @@ Triton's names and units: `timeout` is the request's queue timeout in microsecon
 default_queue_policy with allow_timeout_override), `priority` a priority level (0: the default).
 temper has one queue and no priority levels, so it honours `timeout` (never past the bundle's
 timeout_s) and refuses a priority other than 0. It refuses, in one line, what it would otherwise
-ignore: an output's `class_count` (Triton's classification extension) and shared memory regions.
+ignore: an output's `class_count` (Triton's classification extension). Shared-memory parameters are
+artifacts/client_shm.py's.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from temper.artifacts.errors import RequestError
-
-SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
 def queue_timeout_s(params: object, default_s: float) -> float | None:
@@ -35,18 +34,10 @@ def queue_timeout_s(params: object, default_s: float) -> float | None:
     return min(timeout / 1e6, default_s) if timeout else None  # 0: the default, as in Triton
 
 
-def check_input(name: str, params: object) -> None:
-    """RequestError for an input that asks for shared memory."""
-    if isinstance(params, Mapping) and any(key in params for key in SHARED_MEMORY):
-        raise RequestError(f"input '{name}': shared memory is not supported; send the data in the request")
-
-
 def check_output(name: str, params: object) -> None:
-    """RequestError for an output that asks for shared memory or for classification (class_count)."""
+    """RequestError for an output that asks for classification (class_count)."""
     if not isinstance(params, Mapping):
         return
-    if any(key in params for key in SHARED_MEMORY):
-        raise RequestError(f"output '{name}': shared memory is not supported; the output comes in the response")
     if params.get("class_count", 0) not in (0, None):
         raise RequestError(f"output '{name}': class_count (Triton's classification extension) is not supported; "
                            "ask for the output without it and take the top classes from it")

@@ -20,23 +20,38 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
 
 from temper.artifacts.bundle import ServingConfig, TensorSpec
+from temper.artifacts.client_shm import ClientRegions, ShmError, Target
 from temper.artifacts.errors import RequestError
 from temper.artifacts.protocol import DATATYPES, VERSION, WIRE
-from temper.artifacts.request_params import check_input, check_output, queue_timeout_s
+from temper.artifacts.request_params import check_output, queue_timeout_s
 
 BINARY_HEADER = b"inference-header-content-length"
 JSON_TYPE = (b"content-type", b"application/json")
 INFLATE = {b"gzip": 32 + 15, b"x-gzip": 32 + 15, b"deflate": 32 + 15}  # zlib wbits: gzip or zlib header, detected
 
 Response = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
+
+
+class Wanted(NamedTuple):
+    """An output to answer with: as binary data, as JSON, or written to a client's shared memory region."""
+
+    name: str
+    binary: bool
+    shm: Target | None = None
+
+    @property
+    def json(self) -> bool:
+        return not self.binary and self.shm is None
+
+
 # request id, inputs, wanted outputs, queue timeout in seconds (None: the bundle's)
-Decoded = tuple[str | None, dict[str, np.ndarray], list[tuple[str, bool]], float | None]
+Decoded = tuple[str | None, dict[str, np.ndarray], list[Wanted], float | None]
 
 
 class HttpError(Exception):
@@ -51,11 +66,14 @@ class RestCodec:
     """One model's inference requests and responses in KServe v2 JSON and binary tensor data.
 
     Bad requests raise RequestError (400); bodies over `max_body_bytes` once inflated and unknown
-    encodings raise HttpError (413, 415); JSON outputs holding NaN or Inf raise HttpError (500).
+    encodings raise HttpError (413, 415); JSON outputs holding NaN or Inf raise HttpError (500), an
+    output that no longer fits its shared memory region HttpError (400). Inputs and outputs in shared
+    memory go through `regions` (none registered and refused when None).
     """
 
-    def __init__(self, config: ServingConfig, max_body_bytes: int) -> None:
+    def __init__(self, config: ServingConfig, max_body_bytes: int, regions: ClientRegions | None = None) -> None:
         self.name = config.name
+        self.regions = regions if regions is not None else ClientRegions()
         self.max_body_bytes = max_body_bytes
         self.inputs = {spec.name: spec for spec in config.inputs}
         self.outputs = [spec.name for spec in config.outputs]
@@ -89,7 +107,7 @@ class RestCodec:
                 raise RequestError(f"unknown input {name!r}; the model takes {', '.join(self.inputs)}")
             if name in inputs:
                 raise RequestError(f"input '{name}' is given twice")
-            check_input(name, item.get("parameters"))
+            target = self.regions.target(f"input '{name}'", item.get("parameters"))
             datatype, shape = item.get("datatype"), item.get("shape")
             if datatype != DATATYPES[spec.dtype]:
                 raise RequestError(f"input '{name}': datatype {datatype!r} does not match the model's "
@@ -98,7 +116,12 @@ class RestCodec:
                 raise RequestError(f"input '{name}': shape must be a list of non-negative integers, got {shape!r}")
             dtype, count = WIRE[datatype], math.prod(shape)
             size = _binary_size(item)
-            if size is None:
+            if target is not None:
+                if size is not None or "data" in item:
+                    raise RequestError(f"input '{name}' names a shared memory region and also carries data; "
+                                       "send one or the other")
+                array = self.regions.read(f"input '{name}'", target, dtype, count)
+            elif size is None:
                 if "data" not in item:
                     raise RequestError(f"input '{name}' has neither data nor parameters.binary_data_size")
                 try:
@@ -126,12 +149,13 @@ class RestCodec:
             raise RequestError(f"{len(binary) - offset} bytes of binary data follow the JSON that no input claims")
         return inputs
 
-    def _wanted_outputs(self, request: dict) -> list[tuple[str, bool]]:
-        """(output name, as binary) in the order the response lists them."""
+    def _wanted_outputs(self, request: dict) -> list[Wanted]:
+        """The outputs in the order the response lists them; a shared memory target checked now, so
+        that a request which cannot be answered is not computed."""
         default = _flag(request.get("parameters"), "binary_data_output", False, "parameters")
         asked = request.get("outputs")
         if asked is None:
-            return [(name, default) for name in self.outputs]
+            return [Wanted(name, default) for name in self.outputs]
         if not isinstance(asked, list):
             raise RequestError('"outputs" must be a list of objects with a name')
         wanted = []
@@ -139,19 +163,29 @@ class RestCodec:
             name = item.get("name") if isinstance(item, dict) else None
             if name not in self.outputs:
                 raise RequestError(f"unknown output {name!r}; the model gives {', '.join(self.outputs)}")
-            check_output(name, item.get("parameters"))
-            wanted.append((name, _flag(item.get("parameters"), "binary_data", default, f"outputs[{index}].parameters")))
+            params = item.get("parameters")
+            check_output(name, params)
+            target = self.regions.target(f"output '{name}'", params)
+            if target is not None:
+                self.regions.check(f"output '{name}'", target)
+            wanted.append(Wanted(name, _flag(params, "binary_data", default, f"outputs[{index}].parameters"), target))
         return wanted
 
     def encode(self, request_id: str | None, results: dict[str, np.ndarray],
-               wanted: list[tuple[str, bool]]) -> Response:
+               wanted: list[Wanted]) -> Response:
         """The 200 response carrying `wanted` of `results`: JSON, or a JSON header and binary data
-        when any output is asked for as binary."""
+        when any output is asked for as binary; outputs asked for in shared memory are written there
+        and listed without data."""
         outputs, blobs = [], []
-        for name, as_binary in wanted:
+        for name, as_binary, target in wanted:
             array = results[name]
             entry: dict[str, Any] = {"name": name, "datatype": DATATYPES[array.dtype.name], "shape": list(array.shape)}
-            if as_binary:
+            if target is not None:
+                try:  # listed without data or parameters, as Triton does (its C++ client reads parameters
+                    self.regions.write(f"output '{name}'", target, array)  # as binary_data_size)
+                except ShmError as exc:  # unregistered meanwhile, or the output is larger than the space given
+                    raise HttpError(400, str(exc)) from None
+            elif as_binary:
                 blob = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
                 entry["parameters"] = {"binary_data_size": len(blob)}
                 blobs.append(blob)

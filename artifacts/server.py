@@ -13,6 +13,8 @@ This module routes requests and runs the app's lifespan; the parts it stands on 
   artifacts/http_limits.py        body size, header and body deadlines, the connection limit
   artifacts/triton_extensions.py  the `/config` and `/stats` documents
   artifacts/metrics.py            the `/metrics` exposition
+  artifacts/shm_http.py           Triton's shared-memory routes (/v2/systemsharedmemory/...), over
+                                  artifacts/client_shm.py's regions
 
 Bodies over INLINE_BODY_BYTES (and every compressed one) are decoded on one worker thread, so a
 large body never holds up the event loop and at most one body's Python objects exist at a time.
@@ -20,7 +22,9 @@ large body never holds up the event loop and at most one body's Python objects e
 Status codes, each with a body {"error": "<one line>"} and the server serving on afterwards:
   400  malformed JSON (nesting too deep included) or binary framing; unknown, missing or repeated
        input; wrong datatype; a shape the model does not take; data not matching its shape; NaN or
-       Inf in a float input; batch over max_batch_size; a corrupt compressed body
+       Inf in a float input; batch over max_batch_size; a corrupt compressed body; a shared memory
+       region not registered, an offset or size past its end, or shared memory while it is off
+  403  the shared-memory routes while client shared memory is off (`--allow-client-shm` turns it on)
   404  unknown model, version or path        405  wrong method
   413  body larger than `max_body_bytes` (refused from Content-Length, before reading it), or
        inflating to more than that
@@ -43,6 +47,7 @@ from typing import Any
 import uvicorn
 
 from temper.artifacts.batcher import abandon
+from temper.artifacts.client_shm import ClientRegions
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.http_limits import (
     BODY_TIMEOUT_S,
@@ -65,6 +70,7 @@ from temper.artifacts.rest_codec import (
     tensor_metadata,
 )
 from temper.artifacts.runtime import Runtime
+from temper.artifacts.shm_http import PREFIXES, shm_route
 from temper.artifacts.triton_extensions import EXTENSIONS, PLATFORM, model_config, statistics
 
 __all__ = ["InferenceServer", "bind", "body_limit", "serve"]
@@ -78,12 +84,13 @@ log = logging.getLogger(__name__)
 class InferenceServer:
     """ASGI app serving one Runtime; the lifespan starts it (warm-up included) and stops it.
 
-    `max_body_bytes` None: body_limit(config). `max_connections` None: connection_limit().
+    `max_body_bytes` None: body_limit(config). `max_connections` None: connection_limit(). `regions`:
+    the client shared memory regions, shared with a gRPC server (None: client shared memory off).
     """
 
     def __init__(self, runtime: Runtime, max_body_bytes: int | None = None, max_connections: int | None = None,
                  header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
-                 keep_alive_s: float = KEEP_ALIVE_S) -> None:
+                 keep_alive_s: float = KEEP_ALIVE_S, regions: ClientRegions | None = None) -> None:
         self.runtime = runtime
         config = runtime.config
         self.max_body_bytes = max_body_bytes or body_limit(config)
@@ -93,7 +100,9 @@ class InferenceServer:
         self.failed = 0  # infer requests failed here: refused before the runtime, or unwritable after it; loop only
         self.arriving = 0  # infer requests between their last body byte and the runtime; event loop only
         self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="temper-decode")
-        self.codec = RestCodec(config, self.max_body_bytes)
+        self.owns_regions = regions is None  # closed at shutdown here; shared ones by whoever made them
+        self.regions = regions if regions is not None else ClientRegions()
+        self.codec = RestCodec(config, self.max_body_bytes, self.regions)
         self.metadata = encode_json({
             "name": self.name, "versions": [VERSION], "platform": PLATFORM,
             "inputs": tensor_metadata(config.inputs), "outputs": tensor_metadata(config.outputs),
@@ -132,6 +141,8 @@ class InferenceServer:
             elif message["type"] == "lifespan.shutdown":  # runtime first: what is queued there gets 503, not 500
                 await asyncio.to_thread(self.runtime.stop)
                 self.worker.shutdown(wait=False, cancel_futures=True)
+                if self.owns_regions:
+                    self.regions.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -184,6 +195,8 @@ class InferenceServer:
         elif path == "/v2/health/ready":
             _allow(method, "GET")
             return self._ready()
+        elif path.startswith(PREFIXES):
+            return shm_route(self.regions, method, path, await self._body(dict(scope["headers"]), receive))
         elif path == "/metrics":
             _allow(method, "GET")
             body, content_type = self.exposition.render()
@@ -223,7 +236,7 @@ class InferenceServer:
                     raise RequestTimeout(message) from None
                 results = future.result()
         try:
-            if sum(results[name].size for name, binary in wanted if not binary) > INLINE_OUTPUT_ELEMENTS:
+            if sum(results[w.name].size for w in wanted if w.json) > INLINE_OUTPUT_ELEMENTS:
                 return await self._on_worker(self.codec.encode, request_id, results, wanted)
             return self.codec.encode(request_id, results, wanted)
         except HttpError:
@@ -298,10 +311,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(runtime: Runtime, sock: socket.socket, max_body_bytes: int | None = None,
-          max_connections: int | None = None) -> None:
+          max_connections: int | None = None, regions: ClientRegions | None = None) -> None:
     """Serve on `sock` (from bind) until interrupted; the runtime warms up before requests are
     answered. uvicorn runs httptools and uvloop (measured 1.38x on a tiny model)."""
-    app = InferenceServer(runtime, max_body_bytes, max_connections)
+    app = InferenceServer(runtime, max_body_bytes, max_connections, regions=regions)
     try:
         uvicorn.Server(app.uvicorn_config()).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on; uvicorn.run() swallows it the same way

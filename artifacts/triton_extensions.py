@@ -16,7 +16,8 @@ from temper.artifacts.runtime import Runtime
 from temper.artifacts.triton import _model_config
 
 PLATFORM = "onnxruntime_onnx"  # Triton's name for what runs the model
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]  # what both servers' metadata list
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics",  # what both servers' metadata list
+              "system_shared_memory"]  # listed as Triton does, also while --allow-client-shm is off
 
 
 def model_config(runtime: Runtime) -> dict[str, Any]:

@@ -89,10 +89,15 @@ def serve(
                              "open-file limit leaves room for, at most 4096", 1)] = None,
     grpc_port: Annotated[int | None, number(
         "--grpc-port", "also serve KServe v2 gRPC on this port (needs the grpc extra)", 1, 65535)] = None,
+    allow_client_shm: Annotated[bool, typer.Option(
+        "--allow-client-shm", help="let local clients register system shared memory regions (Triton's extension) "
+                                   "for inputs and outputs; anyone who can reach the port can then make the server "
+                                   "read and write the shared memory they name")] = False,
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Serve a bundle over the Open Inference Protocol (KServe v2 REST, and gRPC with --grpc-port): dynamic batching,
     Prometheus /metrics."""
+    from temper.artifacts.client_shm import ClientRegions
     from temper.artifacts.runtime import Runtime
     from temper.artifacts.server import bind, body_limit
     from temper.artifacts.server import serve as run_server
@@ -120,8 +125,9 @@ def serve(
         out.print(f"serving {name} ({runtime.engine}) at http://{host}:{sock.getsockname()[1]}/v2/models/{name} "
                   "once warm (GET /v2/health/ready answers 200); Ctrl-C stops", soft_wrap=True)
         grpc_server = None
+        regions = ClientRegions(allow_client_shm)  # one namespace for REST and gRPC, as in Triton
         if grpc_port is not None:  # shares the runtime: ModelInfer answers UNAVAILABLE until the warm-up is done
-            grpc_server = GrpcServer(runtime, host, grpc_port, max_body)
+            grpc_server = GrpcServer(runtime, host, grpc_port, max_body, regions)
             try:
                 grpc_server.start()
             except OSError as exc:
@@ -129,10 +135,11 @@ def serve(
             out.print(f"serving {name} over gRPC (KServe v2 GRPCInferenceService) at {host}:{grpc_port}",
                       soft_wrap=True)
         try:
-            run_server(runtime, sock, max_body, max_connections)
+            run_server(runtime, sock, max_body, max_connections, regions)
         finally:
             if grpc_server is not None:
                 grpc_server.stop()
+            regions.close()  # every region a client left registered
 
 
 @app.command("export-triton")

@@ -1,4 +1,5 @@
-"""Triton's perf_analyzer runs unchanged against a real `temper serve`, over HTTP and gRPC, with its
+"""Triton's perf_analyzer runs unchanged against a real `temper serve --allow-client-shm`, over HTTP and
+gRPC, with tensors in the request or in system shared memory (`--shared-memory system`), with its
 default random input data (whose FP32 bit patterns include NaNs) and its server-side breakdown
 (read from /stats, or ModelStatistics over gRPC).
 
@@ -7,6 +8,7 @@ be installed (no package index, no apt) this test fails, it never skips: CI is m
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -56,14 +58,18 @@ def perf_analyzer() -> Path:
 
 
 @pytest.fixture(scope="module")
-def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
-    """`temper serve` of the CNN's bundle on REST and gRPC, ready: (port, grpc_port)."""
+def cnn(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cnn")
-    folder = _bundle(root / "bundle", _cnn(root / "cnn.onnx"), MODEL)
+    return _bundle(root / "bundle", _cnn(root / "cnn.onnx"), MODEL)
+
+
+@contextlib.contextmanager
+def _temper_serve(folder: Path, *flags: str) -> Iterator[tuple[int, int]]:
+    """`temper serve FOLDER FLAGS` on REST and gRPC, ready: (port, grpc_port)."""
     port, grpc_port = _free_port(), _free_port()
     code = "import sys; from temper.pipeline.cli import main; sys.argv[0] = 'temper'; main()"
     process = subprocess.Popen([sys.executable, "-c", code, "serve", str(folder), "--port", str(port),
-                                "--grpc-port", str(grpc_port)], cwd=REPO, stdout=subprocess.PIPE,
+                                "--grpc-port", str(grpc_port), *flags], cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
         client = tritongrpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
@@ -83,13 +89,25 @@ def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int
     assert "Traceback" not in stderr, stderr
 
 
+@pytest.fixture(scope="module")
+def serving(cnn: Path) -> Iterator[tuple[int, int]]:
+    """`temper serve --allow-client-shm` of the CNN's bundle on REST and gRPC, ready: (port, grpc_port)."""
+    with _temper_serve(cnn, "--allow-client-shm") as ports:
+        yield ports
+
+
+def _perf_analyzer(perf_analyzer: Path, protocol: str, port: int, memory: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(perf_analyzer), "-m", MODEL, "-i", protocol, "-u", f"127.0.0.1:{port}",
+                           "--measurement-interval", "300", "--concurrency-range", "1:4:3",
+                           "--stability-percentage", "1000", "--max-trials", "10", "--shared-memory", memory],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("memory", ["none", "system"])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_perf_analyzer_measures_temper_serve(perf_analyzer: Path, serving: tuple[int, int], protocol: str) -> None:
-    port = serving[0] if protocol == "http" else serving[1]
-    run = subprocess.run([str(perf_analyzer), "-m", MODEL, "-i", protocol, "-u", f"127.0.0.1:{port}",
-                          "--measurement-interval", "300", "--concurrency-range", "1:4:3",
-                          "--stability-percentage", "1000", "--max-trials", "10"],
-                         capture_output=True, text=True, timeout=300)
+def test_perf_analyzer_measures_temper_serve(perf_analyzer: Path, serving: tuple[int, int], protocol: str,
+                                             memory: str) -> None:
+    run = _perf_analyzer(perf_analyzer, protocol, serving[0] if protocol == "http" else serving[1], memory)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output
     throughputs = [float(t) for t in re.findall(r"Concurrency: \d+, throughput: ([\d.]+) infer/sec", output)]
@@ -99,3 +117,13 @@ def test_perf_analyzer_measures_temper_serve(perf_analyzer: Path, serving: tuple
                                          r"\s+Successful request count: (\d+)", output)]
     assert len(served) == 2 and all(n > 0 for n in served), output
     assert "Avg request latency" in output and "compute infer" in output, output
+
+
+def test_perf_analyzer_shared_memory_is_the_servers_extension(perf_analyzer: Path, cnn: Path) -> None:
+    """Without --allow-client-shm the same runs fail at registering their regions: the runs above did
+    pass their tensors through temper's shared-memory extension, not the request body."""
+    with _temper_serve(cnn) as (port, grpc_port):
+        for protocol, at in (("http", port), ("grpc", grpc_port)):
+            run = _perf_analyzer(perf_analyzer, protocol, at, "system")
+            assert run.returncode != 0 and "start temper serve with --allow-client-shm" in run.stdout + run.stderr, \
+                run.stdout + run.stderr

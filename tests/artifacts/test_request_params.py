@@ -1,6 +1,6 @@
 """Request parameters as Triton reads them, over REST and gRPC alike: `timeout` (microseconds) is the
-request's queue timeout, honoured; `priority` other than 0, an output's `class_count` and shared
-memory outputs are refused in one line instead of being ignored."""
+request's queue timeout, honoured; `priority` other than 0, an output's `class_count` and, while
+client shared memory is off, shared memory outputs are refused in one line instead of being ignored."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_a_queue_timeout_shorter_than_the_wait_drops_the_request_unrun(
     ({"priority": 2}, None, "no priority levels"),
     ({"timeout": -5}, None, "parameters.timeout must be a non-negative integer"),
     (None, {"class_count": 3}, "class_count (Triton's classification extension) is not supported"),
-    (None, {"shared_memory_region": 1}, "shared memory is not supported"),
+    (None, {"shared_memory_region": 1}, "client shared memory is off; start temper serve with --allow-client-shm"),
 ])
 def test_what_would_be_ignored_is_refused_in_one_line(slow: tuple[Client, GrpcServed, Runtime],
                                                       parameters: dict | None, output: dict | None,

@@ -48,6 +48,7 @@ except (ImportError, RuntimeError) as exc:  # tritonclient reports a missing grp
 from temper.artifacts.bundle import TensorSpec
 from temper.artifacts.counters import OTHER
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
+from temper.artifacts.grpc_limits import IDLE_S, RECEIVE_TIMEOUT_S, ReceiveDeadline, options
 from temper.artifacts.protocol import DATATYPES, VERSION, WIRE
 from temper.artifacts.request_params import check_input, check_output, queue_timeout_s
 from temper.artifacts.runtime import Runtime
@@ -263,17 +264,21 @@ class GrpcServer:
     """
 
     def __init__(self, runtime: Runtime, host: str = "127.0.0.1", port: int = 8001,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, receive_timeout_s: float = RECEIVE_TIMEOUT_S,
+                 idle_s: float = IDLE_S) -> None:
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         # what the Runtime can hold queued and running, and SPARE more that it answers at once (queue full)
         in_flight = runtime.config.max_queue + runtime.max_rows + SPARE_RPCS
         service = InferenceService(runtime)
+        # outermost first: the receive deadline holds the call until its message came, then Unparsable parses it
+        self.receiving = ReceiveDeadline(lambda rpc: rpc == "ModelInfer" and service.refused(), receive_timeout_s)
         self.server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="temper-grpc"),
-            interceptors=[Unparsable(service.refused)],
+            interceptors=[self.receiving, Unparsable(service.refused)],
             maximum_concurrent_rpcs=in_flight,
             options=[("grpc.max_receive_message_length", max_message_bytes),
-                     ("grpc.so_reuseport", 0)],  # a port in use fails here instead of being shared
+                     ("grpc.so_reuseport", 0),  # a port in use fails here instead of being shared
+                     *options(in_flight, idle_s)],  # artifacts/grpc_limits.py
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, self.server)
 
@@ -291,6 +296,7 @@ class GrpcServer:
     def stop(self, grace_s: float = 5.0) -> None:
         """Refuse new RPCs and give those in flight grace_s to finish."""
         self.server.stop(grace_s).wait()
+        self.receiving.stop()
 
 
 class _Unparsed:

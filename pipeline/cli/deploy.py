@@ -108,7 +108,15 @@ def serve(
         sock = bind(host, port)
     except OSError as exc:
         raise EnvironmentProblem(f"--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    if grpc_port is not None:  # bound for a moment only: the gRPC server binds its own once the model is loaded
+        try:
+            bind(host, grpc_port).close()
+        except OSError as exc:
+            sock.close()
+            raise EnvironmentProblem(f"--grpc-port: cannot listen on {host}:{grpc_port}: {exc.strerror or exc}") \
+                from None
     with sock, _located(model, tracking_uri) as (folder, config, unchecked):
+        _routable(folder, config)
         try:
             runtime = Runtime(folder, config=config)
         except Exception as exc:  # an invalid runtime.json, a model onnxruntime cannot load
@@ -133,6 +141,21 @@ def serve(
         finally:
             if grpc_server is not None:
                 grpc_server.stop()
+
+
+def _routable(folder: Path, config: ServingConfig | None) -> None:
+    """Refuse, before loading, a model whose name no REST route can reach."""
+    from temper.artifacts.bundle import CONFIG, read
+    from temper.artifacts.protocol import unroutable
+
+    try:
+        name = (config or read(folder)).name
+    except (OSError, ValueError):
+        return  # an unreadable runtime.json: loading it says what is wrong
+    why = unroutable(name)
+    if why is not None:
+        raise RecipeError(str(folder / CONFIG), "name", f"the model name {why}; /v2/models/NAME/... could never "
+                                                        "reach it: rename it in the recipe and rebuild")
 
 
 @app.command("export-triton")

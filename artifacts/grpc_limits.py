@@ -33,6 +33,7 @@ IDLE_S = 60.0
 KEEPALIVE_S = 60.0
 KEEPALIVE_TIMEOUT_S = 20.0
 HANDSHAKE_TIMEOUT_S = 5.0  # as the REST server's header timeout
+TICK_S = 0.1
 
 
 def options(in_flight: int, idle_s: float = IDLE_S) -> list[tuple[str, int]]:
@@ -62,16 +63,15 @@ class ReceiveDeadline(grpc.ServerInterceptor):
 
     def __init__(self, late: Callable[[str], None], timeout_s: float = RECEIVE_TIMEOUT_S) -> None:
         self.late, self.timeout_s = late, timeout_s
+        self.tick_s = min(TICK_S, timeout_s / 10)  # how late past its deadline a call may be cancelled
         self.waiting: deque[_Waiting] = deque()
-        self.changed = threading.Condition()
-        self.stopped = False
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
         self.watchdog = threading.Thread(target=self._watch, name="temper-grpc-receive", daemon=True)
         self.watchdog.start()
 
     def stop(self) -> None:
-        with self.changed:
-            self.stopped = True
-            self.changed.notify()
+        self.stopped.set()
         self.watchdog.join()
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
@@ -100,31 +100,21 @@ class ReceiveDeadline(grpc.ServerInterceptor):
                                                     response_serializer=handler.response_serializer)
 
     def _arm(self, context: grpc.ServicerContext) -> _Waiting:
+        """Nothing wakes the watchdog: it looks every tick_s, so a call costs an append and a lock."""
         waiting = _Waiting(context, time.monotonic() + self.timeout_s)
-        with self.changed:
-            self.waiting.append(waiting)
-            if len(self.waiting) == 1:
-                self.changed.notify()
+        self.waiting.append(waiting)  # deque.append is atomic
         return waiting
 
     def _disarm(self, waiting: _Waiting) -> None:
-        with self.changed:  # under the lock: the watchdog never cancels a call whose message came
+        with self.lock:  # under the lock: the watchdog never cancels a call whose message came
             waiting.context = None
-            while self.waiting and self.waiting[0].context is None:  # the answered oldest go now, not at their deadline
-                self.waiting.popleft()
 
     def _watch(self) -> None:
-        with self.changed:
-            while not self.stopped:
-                if not self.waiting:
-                    self.changed.wait()
-                    continue
-                oldest = self.waiting[0]
-                left = oldest.deadline - time.monotonic()
-                if left > 0:
-                    self.changed.wait(left)
-                    continue
-                self.waiting.popleft()
-                oldest.expired = True
-                assert oldest.context is not None
-                oldest.context.cancel()
+        while not self.stopped.wait(self.tick_s):
+            now = time.monotonic()
+            with self.lock:
+                while self.waiting and (self.waiting[0].context is None or self.waiting[0].deadline <= now):
+                    oldest = self.waiting.popleft()
+                    if oldest.context is not None:
+                        oldest.expired = True
+                        oldest.context.cancel()

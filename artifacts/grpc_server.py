@@ -164,6 +164,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """Count an inference request turned away before the Runtime, which counts what reaches it."""
         self.runtime.metrics.record_failure(OTHER)
 
+    def late(self, rpc: str) -> None:
+        """An RPC cancelled at the receive deadline: a ModelInfer among them is a failed inference request."""
+        if rpc == "ModelInfer":
+            self.refused()
+
     def _model_or_abort(self, name: str, version: str, context: Context) -> None:
         if name != self.name:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model '{name}'; this server serves '{self.name}'")
@@ -271,7 +276,7 @@ class GrpcServer:
         in_flight = runtime.config.max_queue + runtime.max_rows + SPARE_RPCS
         service = InferenceService(runtime)
         # outermost first: the receive deadline holds the call until its message came, then Unparsable parses it
-        self.receiving = ReceiveDeadline(lambda rpc: rpc == "ModelInfer" and service.refused(), receive_timeout_s)
+        self.receiving = ReceiveDeadline(service.late, receive_timeout_s)
         self.server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="temper-grpc"),
             interceptors=[self.receiving, Unparsable(service.refused)],

@@ -21,6 +21,7 @@ Status codes, each with a one-line message; the server keeps serving afterwards:
                       timeout ("Request timeout expired"), not ready yet (warming up), or the Runtime
                       stopped (`temper serve` shutting down stops it before this server)
   RESOURCE_EXHAUSTED  too many RPCs in flight, message over the size limit (gRPC's own answers)
+  CANCELLED           the request message did not arrive within the receive deadline (artifacts/grpc_limits.py)
   DEADLINE_EXCEEDED   the client's own deadline passed first
   INTERNAL            the engine itself failed
 """

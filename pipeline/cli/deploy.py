@@ -6,6 +6,7 @@ input (exit 2), a store that does not answer is the environment (exit 3).
 
 from __future__ import annotations
 
+import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -106,6 +107,9 @@ def serve(
             raise EnvironmentProblem(f"--grpc-port: {first_line(exc)}") from None
     try:  # before loading or printing anything: a busy port is one line, not a traceback
         sock = bind(host, port)
+    except socket.gaierror as exc:  # not an address: the flag is wrong, not the host
+        raise RecipeError(model, "--host", f"{host!r} is not an address to listen on: {exc.strerror or exc}") \
+            from None
     except OSError as exc:
         raise EnvironmentProblem(f"--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     if grpc_port is not None:  # bound for a moment only: the gRPC server binds its own once the model is loaded

@@ -225,3 +225,11 @@ def test_a_model_name_with_spaces_and_dots_is_served(tmp_path: Path) -> None:
     folder = _bundle(tmp_path / "bundle", tmp_path / "tiny.onnx", "digits v1.2")
     with _temper_serve(str(folder)) as (port, _):
         _infer_checked(port, reference, model="digits%20v1.2")
+
+
+def test_a_host_that_is_not_an_address_is_a_bad_flag(temper, tiny: Path) -> None:
+    """Exit 2 naming --host (was exit 3 blaming --port, as if the host were at fault)."""
+    result = temper("serve", tiny, "--host", "no-such-host.invalid")
+    (line,) = result.stderr.strip().splitlines()
+    assert result.code == 2 and "serving" not in result.stdout, result
+    assert "--host: 'no-such-host.invalid' is not an address to listen on" in line, line

@@ -23,6 +23,7 @@ Status codes, each with a one-line message; the server keeps serving afterwards:
                       timeout ("Request timeout expired"), not ready yet (warming up), or the Runtime
                       stopped (`temper serve` shutting down stops it before this server)
   RESOURCE_EXHAUSTED  too many RPCs in flight, message over the size limit (gRPC's own answers)
+  CANCELLED           the request message did not arrive within the receive deadline (artifacts/grpc_limits.py)
   DEADLINE_EXCEEDED   the client's own deadline passed first
   PERMISSION_DENIED   a shared-memory RPC while client shared memory is off (`--allow-client-shm`)
   INTERNAL            the engine itself failed
@@ -52,6 +53,7 @@ from temper.artifacts.bundle import TensorSpec
 from temper.artifacts.client_shm import ClientRegions, ShmError, Target
 from temper.artifacts.counters import OTHER
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
+from temper.artifacts.grpc_limits import IDLE_S, RECEIVE_TIMEOUT_S, ReceiveDeadline, options
 from temper.artifacts.protocol import DATATYPES, VERSION, WIRE
 from temper.artifacts.request_params import check_output, queue_timeout_s
 from temper.artifacts.runtime import Runtime
@@ -169,6 +171,11 @@ class InferenceService(SharedMemoryRpcs, pb_grpc.GRPCInferenceServiceServicer):
     def refused(self) -> None:
         """Count an inference request turned away before the Runtime, which counts what reaches it."""
         self.runtime.metrics.record_failure(OTHER)
+
+    def late(self, rpc: str) -> None:
+        """An RPC cancelled at the receive deadline: a ModelInfer among them is a failed inference request."""
+        if rpc == "ModelInfer":
+            self.refused()
 
     def _model_or_abort(self, name: str, version: str, context: Context) -> None:
         if name != self.name:
@@ -299,17 +306,21 @@ class GrpcServer:
     """
 
     def __init__(self, runtime: Runtime, host: str = "127.0.0.1", port: int = 8001,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES, regions: ClientRegions | None = None) -> None:
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, regions: ClientRegions | None = None,
+                 receive_timeout_s: float = RECEIVE_TIMEOUT_S, idle_s: float = IDLE_S) -> None:
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         # what the Runtime can hold queued and running, and SPARE more that it answers at once (queue full)
         in_flight = runtime.config.max_queue + runtime.max_rows + SPARE_RPCS
         service = InferenceService(runtime, regions)
+        # outermost first: the receive deadline holds the call until its message came, then Unparsable parses it
+        self.receiving = ReceiveDeadline(service.late, receive_timeout_s)
         self.server = grpc.server(
             concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="temper-grpc"),
-            interceptors=[Unparsable(service.refused)],
+            interceptors=[self.receiving, Unparsable(service.refused)],
             maximum_concurrent_rpcs=in_flight,
             options=[("grpc.max_receive_message_length", max_message_bytes),
-                     ("grpc.so_reuseport", 0)],  # a port in use fails here instead of being shared
+                     ("grpc.so_reuseport", 0),  # a port in use fails here instead of being shared
+                     *options(in_flight, idle_s)],  # artifacts/grpc_limits.py
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(service, self.server)
 
@@ -327,6 +338,7 @@ class GrpcServer:
     def stop(self, grace_s: float = 5.0) -> None:
         """Refuse new RPCs and give those in flight grace_s to finish."""
         self.server.stop(grace_s).wait()
+        self.receiving.stop()
 
 
 class _Unparsed:

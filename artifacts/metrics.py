@@ -40,7 +40,7 @@ from temper.artifacts.protocol import VERSION
 from temper.artifacts.runtime import Runtime
 
 LABELS = ["model", "version"]
-CLOSE_REASONS = ("header_timeout", "body_timeout", "evicted", "refused")
+CLOSE_REASONS = ("header_timeout", "body_timeout", "headers_too_large", "evicted", "refused")
 
 
 class ConnectionCounts(Protocol):
@@ -154,8 +154,9 @@ def _connection_families(connections: ConnectionCounts, model: list[str]) -> Ite
     open_now.add_metric(model, connections.open)
     yield open_now
     closed = CounterMetricFamily("temper_http_connections_closed", "HTTP connections the server closed: "
-                                 "headers or body not received in time, the longest idle one evicted at the "
-                                 "connection limit, or refused (503) there", labels=[*LABELS, "reason"])
+                                 "headers or body not received in time, headers too large (431), the longest "
+                                 "idle one evicted at the connection limit, or refused (503) there",
+                                 labels=[*LABELS, "reason"])
     for reason in CLOSE_REASONS:
         closed.add_metric([*model, reason], connections.closed[reason])
     yield closed

@@ -242,9 +242,11 @@ def _split(body: bytes | bytearray, header_length: bytes | None) -> tuple[dict, 
     """The JSON request header and the binary tensor data after it (Triton's binary data extension)."""
     view = memoryview(body)
     end = len(body)
-    if header_length is not None:
-        if not header_length.isdigit() or int(header_length) > len(body):
-            raise RequestError(f"Inference-Header-Content-Length {header_length.decode(errors='replace')!r} "
+    if header_length is not None:  # digits no longer than the body's length has, before int() (which refuses 4,301)
+        if (not header_length.isdigit() or len(header_length.lstrip(b"0")) > len(str(len(body)))
+                or int(header_length) > len(body)):
+            shown = header_length[:24].decode(errors="replace") + ("..." if len(header_length) > 24 else "")
+            raise RequestError(f"Inference-Header-Content-Length {shown!r} ({len(header_length):,} characters) "
                                f"is not a length within the {len(body)}-byte body")
         end = int(header_length)
     try:

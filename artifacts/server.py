@@ -10,7 +10,7 @@ metadata, Triton's model configuration (`/config`) and statistics (`/stats`) ext
 
 This module routes requests and runs the app's lifespan; the parts it stands on are elsewhere:
   artifacts/rest_codec.py         KServe v2 JSON and Triton's binary tensor data, in and out
-  artifacts/http_limits.py        body size, header and body deadlines, the connection limit
+  artifacts/http_limits.py        body size, header size and count, header and body deadlines, the connection limit
   artifacts/triton_extensions.py  the `/config` and `/stats` documents
   artifacts/metrics.py            the `/metrics` exposition
   artifacts/shm_http.py           Triton's shared-memory routes (/v2/systemsharedmemory/...), over
@@ -29,6 +29,8 @@ Status codes, each with a body {"error": "<one line>"} and the server serving on
   413  body larger than `max_body_bytes` (refused from Content-Length, before reading it), or
        inflating to more than that
   415  a Content-Encoding other than gzip, deflate or identity
+  431  request line and headers over MAX_HEADER_BYTES or MAX_HEADERS fields (artifacts/http_limits.py,
+       answered there and the connection closed)
   500  the engine itself failed, or an output JSON-encoded holds NaN or Inf
   503  overloaded (queue full), not ready yet, stopped (shutting down), or every connection busy
        at the connection limit

@@ -6,6 +6,7 @@ input (exit 2), a store that does not answer is the environment (exit 3).
 
 from __future__ import annotations
 
+import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -111,9 +112,20 @@ def serve(
             raise EnvironmentProblem(f"--grpc-port: {first_line(exc)}") from None
     try:  # before loading or printing anything: a busy port is one line, not a traceback
         sock = bind(host, port)
+    except socket.gaierror as exc:  # not an address: the flag is wrong, not the host
+        raise RecipeError(model, "--host", f"{host!r} is not an address to listen on: {exc.strerror or exc}") \
+            from None
     except OSError as exc:
         raise EnvironmentProblem(f"--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    if grpc_port is not None:  # bound for a moment only: the gRPC server binds its own once the model is loaded
+        try:
+            bind(host, grpc_port).close()
+        except OSError as exc:
+            sock.close()
+            raise EnvironmentProblem(f"--grpc-port: cannot listen on {host}:{grpc_port}: {exc.strerror or exc}") \
+                from None
     with sock, _located(model, tracking_uri) as (folder, config, unchecked):
+        _routable(folder, config)
         try:
             runtime = Runtime(folder, config=config)
         except Exception as exc:  # an invalid runtime.json, a model onnxruntime cannot load
@@ -140,6 +152,21 @@ def serve(
             if grpc_server is not None:
                 grpc_server.stop()
             regions.close()  # every region a client left registered
+
+
+def _routable(folder: Path, config: ServingConfig | None) -> None:
+    """Refuse, before loading, a model whose name no REST route can reach."""
+    from temper.artifacts.bundle import CONFIG, read
+    from temper.artifacts.protocol import unroutable
+
+    try:
+        name = (config or read(folder)).name
+    except (OSError, ValueError):
+        return  # an unreadable runtime.json: loading it says what is wrong
+    why = unroutable(name)
+    if why is not None:
+        raise RecipeError(str(folder / CONFIG), "name", f"the model name {why}; /v2/models/NAME/... could never "
+                                                        "reach it: rename it in the recipe and rebuild")
 
 
 @app.command("export-triton")

@@ -4,6 +4,7 @@ one-line errors when gRPC is not installed or the ports clash."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -69,3 +70,16 @@ def test_grpc_port_without_grpc_installed_is_one_line_exit_3(temper, tiny: Path,
 def test_grpc_port_equal_to_port_is_refused(temper, tiny: Path) -> None:
     result = temper("serve", tiny, "--port", "8102", "--grpc-port", "8102")
     assert result.code == 2 and "--grpc-port" in result.stderr and "must differ" in result.stderr
+
+
+def test_a_busy_grpc_port_is_one_line_before_the_model_loads(temper, tiny: Path) -> None:
+    """Found before loading: nothing says it is serving (on main the model loaded and 'serving ...'
+    was printed first)."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        grpc_port = busy.getsockname()[1]
+        result = temper("serve", tiny, "--port", _free_port(), "--grpc-port", grpc_port)
+    (line,) = result.stderr.strip().splitlines()
+    assert result.code == 3 and "serving" not in result.stdout, result
+    assert line.startswith(f"error: --grpc-port: cannot listen on 127.0.0.1:{grpc_port}") and "in use" in line, line

@@ -17,7 +17,17 @@ import pytest
 
 from temper.artifacts import bundle
 from temper.artifacts.host import profile
-from tests.artifacts.servers import MODEL, Client, _expected, _inputs, _json_request, _temper_serve, _tiny_model
+from tests.artifacts.servers import (
+    MODEL,
+    Client,
+    _bundle,
+    _expected,
+    _free_port,
+    _inputs,
+    _json_request,
+    _temper_serve,
+    _tiny_model,
+)
 from tests.unit.reports import sample_report
 
 # -- the CLI -------------------------------------------------------------------------------------
@@ -196,3 +206,30 @@ def test_temper_serve_rejects_what_is_not_a_bundle(temper, tmp_path: Path) -> No
     assert result.code == 2
     assert "error:" in result.stderr and "nothing-here" in result.stderr and "models:/" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["team/digits", "..", "a\tb"])
+def test_a_model_name_no_route_can_reach_is_refused_at_start(temper, tmp_path: Path, name: str) -> None:
+    """On main, a name with '/' served: ready, while every /v2/models/... route answered 404."""
+    folder = _bundle(tmp_path / "bundle", _tiny_model(tmp_path / "tiny.onnx"), name)
+    result = temper("serve", folder, "--port", _free_port())
+    (line,) = result.stderr.strip().splitlines()
+    assert result.code == 2 and "serving" not in result.stdout, result
+    assert line.startswith(f"error: {folder / 'runtime.json'}: name: the model name {name!r}"), line
+    assert "/v2/models/NAME/" in line
+
+
+def test_a_model_name_with_spaces_and_dots_is_served(tmp_path: Path) -> None:
+    """What routes is not refused: a name clients percent-encode, with dots inside."""
+    reference = ort.InferenceSession(_tiny_model(tmp_path / "tiny.onnx"))
+    folder = _bundle(tmp_path / "bundle", tmp_path / "tiny.onnx", "digits v1.2")
+    with _temper_serve(str(folder)) as (port, _):
+        _infer_checked(port, reference, model="digits%20v1.2")
+
+
+def test_a_host_that_is_not_an_address_is_a_bad_flag(temper, tiny: Path) -> None:
+    """Exit 2 naming --host (was exit 3 blaming --port, as if the host were at fault)."""
+    result = temper("serve", tiny, "--host", "no-such-host.invalid")
+    (line,) = result.stderr.strip().splitlines()
+    assert result.code == 2 and "serving" not in result.stdout, result
+    assert "--host: 'no-such-host.invalid' is not an address to listen on" in line, line

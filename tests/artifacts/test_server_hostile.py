@@ -107,6 +107,11 @@ BAD_BINARY = {
                                     "Inference-Header-Content-Length"),
     "header length not a number": (lambda x: {"binary_data_size": x.nbytes}, lambda x: x.tobytes(), "ten",
                                    "Inference-Header-Content-Length"),
+    # past what int() takes (4,300 digits): was a 500 with a traceback; the answer quotes only its start
+    "header length of 4,301 digits": (lambda x: {"binary_data_size": x.nbytes}, lambda x: x.tobytes(), "9" * 4301,
+                                      "'999999999999999999999999...' (4,301 characters) is not a length"),
+    "header length of 40 digits": (lambda x: {"binary_data_size": x.nbytes}, lambda x: x.tobytes(), "1" * 40,
+                                   "(40 characters) is not a length"),
 }
 
 
@@ -232,3 +237,18 @@ def test_body_over_the_limit_is_413_before_it_is_read(client: Client, server: Se
     chunked.close()
     assert client.infer(_json_request(_inputs(12)))[0] == 200
 
+
+
+def test_a_binary_header_length_with_leading_zeros_is_still_its_length(client: Client,
+                                                                       reference: ort.InferenceSession) -> None:
+    """The digit count is checked without leading zeros: the limit on digits refuses no valid length."""
+    inputs = _inputs(14)
+    head = json.dumps({"inputs": [{"name": k, "shape": list(v.shape), "datatype": {"x": "FP32", "ids": "INT64"}[k],
+                                   "parameters": {"binary_data_size": v.nbytes}} for k, v in inputs.items()]}).encode()
+    headers = {"Inference-Header-Content-Length": "0" * 30 + str(len(head))}
+    status, reply_headers, body = client.call("POST", f"/v2/models/{MODEL}/infer",
+                                              head + inputs["x"].tobytes() + inputs["ids"].tobytes(), headers)
+    assert status == 200, body
+    want = _expected(reference, inputs)
+    got = json.loads(body)["outputs"]
+    assert np.allclose(np.array(got[0]["data"]).reshape(2, 2), want["y"], atol=1e-6)

@@ -1,0 +1,120 @@
+"""The gRPC server's protocol limits: a receive deadline for every call, streams per connection,
+idle connections, dead peers and slow handshakes.
+
+grpcio's synchronous server hands an RPC to a pool thread as soon as its headers arrive, and that
+thread then waits, with no deadline, for the request message. A client that sends headers and
+never the message (272 such ModelInfer calls on main, 17 with max_queue 1) held every pool thread
+and every slot of `maximum_concurrent_rpcs`, so every other client got RESOURCE_EXHAUSTED with an
+empty queue. Here:
+
+  ReceiveDeadline  an interceptor that serves each unary RPC as a client-streaming one, so that the
+                   handler holds the call while it waits for the message; one watchdog thread
+                   cancels the call when the message has not arrived within `receive_timeout_s`
+                   of its headers, which frees the thread and the slot
+  options()        at most half the slots per connection (HTTP/2 MAX_CONCURRENT_STREAMS: one
+                   connection alone never takes them all; a client queues its extra calls itself),
+                   connections with no call for `idle_s` closed (GOAWAY; clients reconnect on the
+                   next call), peers that do not answer a keepalive ping closed, and connections
+                   that do not finish the HTTP/2 handshake within HANDSHAKE_TIMEOUT_S closed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+RECEIVE_TIMEOUT_S = 10.0  # a 64 MiB message at 100 Mbit/s takes about 5.4 s
+IDLE_S = 60.0
+KEEPALIVE_S = 60.0
+KEEPALIVE_TIMEOUT_S = 20.0
+HANDSHAKE_TIMEOUT_S = 5.0  # as the REST server's header timeout
+TICK_S = 0.1
+
+
+def options(in_flight: int, idle_s: float = IDLE_S) -> list[tuple[str, int]]:
+    """grpc.server() options for a server that admits `in_flight` RPCs in all."""
+    return [("grpc.max_concurrent_streams", max(1, in_flight // 2)),
+            ("grpc.max_connection_idle_ms", int(idle_s * 1000)),
+            ("grpc.keepalive_time_ms", int(KEEPALIVE_S * 1000)),
+            ("grpc.keepalive_timeout_ms", int(KEEPALIVE_TIMEOUT_S * 1000)),
+            ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_TIMEOUT_S * 1000))]
+
+
+class _Waiting:
+    """One call waiting for its request message."""
+
+    __slots__ = ("context", "deadline", "expired")
+
+    def __init__(self, context: grpc.ServicerContext, deadline: float) -> None:
+        self.context: grpc.ServicerContext | None = context
+        self.deadline = deadline
+        self.expired = False
+
+
+class ReceiveDeadline(grpc.ServerInterceptor):
+    """Cancels a unary call whose request message has not arrived within `timeout_s` of its
+    headers; `late(rpc)` hears each one. The calls wait in arrival order, which is deadline order
+    (one timeout for all), so the watchdog only ever looks at the oldest."""
+
+    def __init__(self, late: Callable[[str], None], timeout_s: float = RECEIVE_TIMEOUT_S) -> None:
+        self.late, self.timeout_s = late, timeout_s
+        self.tick_s = min(TICK_S, timeout_s / 10)  # how late past its deadline a call may be cancelled
+        self.waiting: deque[_Waiting] = deque()
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.watchdog = threading.Thread(target=self._watch, name="temper-grpc-receive", daemon=True)
+        self.watchdog.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.watchdog.join()
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.request_streaming or handler.response_streaming:
+            return handler  # unknown, or streaming: none is implemented, the base class answers UNIMPLEMENTED
+        behaviour, rpc = handler.unary_unary, details.method.rpartition("/")[2]
+
+        def received(requests: Any, context: grpc.ServicerContext) -> object:
+            waiting = self._arm(context)
+            try:
+                request = next(requests, None)
+            except grpc.RpcError:  # cancelled: by the watchdog, or by the client itself
+                request = None
+            finally:
+                self._disarm(waiting)
+            if waiting.expired:
+                self.late(rpc)
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,  # the call is cancelled: the client reads CANCELLED
+                              f"the {rpc} request message did not arrive within {self.timeout_s:g}s")
+            if request is None:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rpc} takes exactly one request message")
+            return behaviour(request, context)
+
+        return grpc.stream_unary_rpc_method_handler(received, request_deserializer=handler.request_deserializer,
+                                                    response_serializer=handler.response_serializer)
+
+    def _arm(self, context: grpc.ServicerContext) -> _Waiting:
+        """Nothing wakes the watchdog: it looks every tick_s, so a call costs an append and a lock."""
+        waiting = _Waiting(context, time.monotonic() + self.timeout_s)
+        self.waiting.append(waiting)  # deque.append is atomic
+        return waiting
+
+    def _disarm(self, waiting: _Waiting) -> None:
+        with self.lock:  # under the lock: the watchdog never cancels a call whose message came
+            waiting.context = None
+
+    def _watch(self) -> None:
+        while not self.stopped.wait(self.tick_s):
+            now = time.monotonic()
+            with self.lock:
+                while self.waiting and (self.waiting[0].context is None or self.waiting[0].deadline <= now):
+                    oldest = self.waiting.popleft()
+                    if oldest.context is not None:
+                        oldest.expired = True
+                        oldest.context.cancel()

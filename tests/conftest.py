@@ -91,14 +91,57 @@ def gated_digits(digits_dir: Path, module_cache: Path, monkeypatch: pytest.Monke
     return recipe
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print the run's peak resident memory, so CI shows whether the suite still fits its machine
-    (2 cores, 24 GiB shared; target: under 4 GiB). Children: the largest one (servers, probes), not a sum."""
-    import resource
+class _TreeMemory:
+    """The peak resident memory of the whole run: this process and every process under it (pytest-xdist
+    workers, servers, `temper` subprocesses), summed, sampled every half second. A process's own
+    ru_maxrss misses what its children hold at the same time, and the machine holds the sum."""
 
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
-    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
-    terminalreporter.write_sep("-", f"peak RSS: pytest {own:.2f} GiB, largest child process {child:.2f} GiB")
+    def __init__(self) -> None:
+        import threading
+
+        self.peak = 0
+        threading.Thread(target=self._sample, daemon=True, name="tree-memory").start()
+
+    def _sample(self) -> None:
+        import time
+
+        import psutil
+
+        me = psutil.Process()
+        while True:
+            total = 0
+            for process in [me, *me.children(recursive=True)]:
+                try:
+                    total += process.memory_info().rss
+                except psutil.Error:  # ended between the listing and the reading
+                    pass
+            self.peak = max(self.peak, total)
+            time.sleep(0.5)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) samples the tree
+        config.stash[_MEMORY] = _TreeMemory()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under `pytest -n`, the tests sharing MiniLM's step cache run on one worker (`--dist loadgroup`),
+    so its export is built once and two MiniLM runs never hold their GiBs at the same time."""
+    for item in items:
+        if "minilm_cache" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("minilm"))
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Print the run's peak resident memory, so CI shows whether the suite still fits its machine
+    (2 cores, 24 GiB shared; target: under 4 GiB)."""
+    memory = config.stash.get(_MEMORY, None)
+    if memory is not None:
+        terminalreporter.write_sep("-", f"peak RSS of the whole run (every process, summed): "
+                                        f"{memory.peak / 2**30:.2f} GiB")
+
+
+_MEMORY = pytest.StashKey[_TreeMemory]()
 
 
 @pytest.fixture(scope="session")

@@ -22,11 +22,10 @@ import tritonclient.http as tritonhttp  # noqa: E402
 import tritonclient.utils.shared_memory as shm  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from temper.artifacts import bundle  # noqa: E402
 from temper.artifacts.client_shm import ClientRegions  # noqa: E402
 from temper.artifacts.grpc_server import GrpcServer  # noqa: E402
 from temper.artifacts.runtime import Runtime  # noqa: E402
-from tests.artifacts.servers import MODEL, Served, _bundle, _expected, _inputs, _tiny_model  # noqa: E402
+from tests.artifacts.servers import MODEL, Served, _expected, _inputs  # noqa: E402
 
 PROTOCOLS = ["http", "grpc"]
 X_BYTES, IDS_BYTES, Y_BYTES, TOTAL_BYTES = 2 * 4 * 4, 2 * 3 * 8, 2 * 2 * 4, 2 * 1 * 8  # two rows of each
@@ -57,15 +56,7 @@ class Both:
         return tritongrpc.InferenceServerClient(f"127.0.0.1:{self.grpc_port}")
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tiny")
-    return _bundle(root / "bundle", _tiny_model(root / "tiny.onnx"), MODEL, max_batch_size=8, max_delay_ms=2)
-
-
-@pytest.fixture(scope="module")
-def reference(tiny: Path) -> ort.InferenceSession:
-    return ort.InferenceSession(str(tiny / bundle.MODEL), providers=["CPUExecutionProvider"])
+# `tiny` (the bundle) and `reference` (plain ONNX Runtime on it) are tests/artifacts/conftest.py's.
 
 
 @pytest.fixture(scope="module")

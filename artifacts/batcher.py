@@ -25,6 +25,11 @@ that stops waiting calls abandon(): a queued request is then skipped, a running 
 computed but counted a failure (CANCELED, or REJECTED once its deadline passed), never a success
 its caller did not get.
 
+Instances: with several engine instances (worker processes, artifacts/workers.py) the batcher runs
+one thread per instance, so that as many batches run at once. One thread at a time forms a batch
+(takes what is queued and waits for more by the rule above); while it waits no other thread takes
+requests, so no later request overtakes the batch being formed. An inline run holds one instance.
+
 Lifecycle: requests submitted before start() wait in the queue and are served once it runs;
 stop() fails those still queued, and every submit() after it, with Stopped, so that no caller
 waits on a queue nothing drains any more. start() after stop() serves again.
@@ -46,7 +51,7 @@ import numpy as np
 from temper.artifacts import layout
 from temper.artifacts.bundle import ServingConfig
 from temper.artifacts.counters import BACKEND, CANCELED, REJECTED, Counters
-from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
+from temper.artifacts.errors import InstanceLost, Overloaded, RequestError, RequestTimeout, Stopped
 
 log = logging.getLogger("temper.serving")
 
@@ -91,15 +96,15 @@ def pad_length(inputs: Arrays, pad: dict[str, int | float]) -> int | None:
 
 
 class Batcher:
-    """Queues requests and runs them in batches on one thread, or inline when idle.
+    """Queues requests and runs them in batches on one thread per engine instance, or inline when idle.
 
-    `run` executes one batch (named inputs to named outputs); it is called on one thread at a
-    time, the batcher's or an inline caller's, never two at once. `counters` receives every
-    execution, success and failure from the queue onwards.
+    `run` executes one batch (named inputs to named outputs); it is called on at most `instances`
+    threads at a time, the batcher's or an inline caller's. `counters` receives every execution,
+    success and failure from the queue onwards.
     """
 
     def __init__(self, config: ServingConfig, max_rows: int, run: Callable[[Arrays], Arrays],
-                 counters: Counters) -> None:
+                 counters: Counters, instances: int = 1) -> None:
         self.config = config
         self.max_rows = max_rows
         self.counters = counters
@@ -110,16 +115,18 @@ class Batcher:
                                if s.batch_axis == 0 and len(s.shape) > 1 and s.shape[1] == -1}
         self._queue: deque[_Request] = deque()
         self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self.instances = instances  # batches that may run at once (set before start)
+        self._threads: list[threading.Thread] = []
         self._running = False
         self._stopped = False  # stop() ran and start() did not follow: submit() refuses; guarded by _cond
-        self._busy = False  # a batch or an inline run is executing; guarded by _cond
+        self._busy = 0  # batches forming or executing, and inline runs; guarded by _cond
+        self._forming = False  # a thread is taking requests into a batch; guarded by _cond
         self._last_batch_requests = 0
 
     @property
     def started(self) -> bool:
-        """Whether the batching thread runs (start() called, stop() not since)."""
-        return self._thread is not None
+        """Whether the batching threads run (start() called, stop() not since)."""
+        return bool(self._threads)
 
     @property
     def pending(self) -> int:
@@ -127,11 +134,13 @@ class Batcher:
         return len(self._queue)
 
     def start(self, name: str) -> None:
-        """Start the batching thread, named after the model, which serves what is queued already."""
+        """Start the batching threads, named after the model, which serve what is queued already."""
         with self._cond:
             self._running, self._stopped = True, False
-        self._thread = threading.Thread(target=self._serve, name=f"temper-batcher-{name}", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._serve, name=f"temper-batcher-{name}-{i}", daemon=True)
+                         for i in range(self.instances)]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         """Stop the batching thread; requests still queued, and later submits, fail with Stopped."""
@@ -141,9 +150,9 @@ class Batcher:
             pending = list(self._queue)
             self._queue.clear()
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
         for request in pending:
             if request.future.set_running_or_notify_cancel():
                 request.future.set_exception(Stopped("runtime stopped"))
@@ -165,7 +174,7 @@ class Batcher:
                 raise Stopped("runtime stopped: it takes no more requests")
             run_here = inline and self._idle()
             if run_here:
-                self._busy = True
+                self._busy += 1
                 self._last_batch_requests = 1
             else:
                 if len(self._queue) >= self.config.max_queue:
@@ -173,7 +182,7 @@ class Batcher:
                     raise Overloaded(f"Exceeds maximum queue size: queue full ({self.config.max_queue} requests "
                                      "waiting); retry later")
                 self._queue.append(request)
-                self._cond.notify()
+                self._cond.notify_all()  # the forming thread, or an idle one
         if run_here:
             self._run_inline(request)
         return request.future
@@ -192,8 +201,9 @@ class Batcher:
         return tuple(key)
 
     def _idle(self) -> bool:
-        """Whether a request may run inline: serving, nothing queued or running. Called with the lock held."""
-        return self._running and not self._busy and not self._queue
+        """Whether a request may run inline: serving, nothing queued or forming, an instance free. Called with the
+        lock held."""
+        return self._running and self._busy < self.instances and not self._forming and not self._queue
 
     def _run_inline(self, request: _Request) -> None:
         """Execute one request as a batch of one on this thread; _busy is already set."""
@@ -205,11 +215,11 @@ class Batcher:
             self._release()
 
     def _release(self) -> None:
-        """The engine is free again: wake the batcher for requests queued meanwhile."""
+        """An instance is free again: wake the batcher for requests queued meanwhile."""
         with self._cond:
-            self._busy = False
+            self._busy -= 1
             if self._queue:
-                self._cond.notify()
+                self._cond.notify_all()
 
     # -- batching thread --------------------------------------------------------------------
 
@@ -234,17 +244,19 @@ class Batcher:
         return kept
 
     def _next_batch(self) -> list[_Request] | None:
-        """Block until work arrives and no inline run holds the engine; None once stopped. See
-        the module docstring for the rule. A non-empty batch marks the engine busy."""
+        """Block until work arrives, no other thread is forming a batch and an instance is free; None once
+        stopped. See the module docstring for the rule. The batch returned (empty too) holds an instance
+        until _release()."""
         with self._cond:
-            while self._running and (self._busy or not self._queue):
+            while self._running and (self._forming or self._busy >= self.instances or not self._queue):
                 self._cond.wait()
             if not self._running:
                 return None
+            self._busy += 1
             batch: list[_Request] = []
             self._take(batch)
             if batch:
-                self._busy = True  # from now on, while it waits to fill: no request overtakes it
+                self._forming = True  # from now on, while it waits to fill: no request overtakes it
                 deadline = batch[0].arrived_ns + int(self.config.max_delay_ms * 1e6)
                 while (
                     self._running
@@ -255,6 +267,8 @@ class Batcher:
                     self._cond.wait(remaining / 1e9)
                     self._take(batch)
                 self._last_batch_requests = len(batch)
+                self._forming = False
+                self._cond.notify_all()  # the next thread may form a batch of what is left
             return batch
 
     def _take(self, batch: list[_Request]) -> None:
@@ -288,12 +302,16 @@ class Batcher:
             computed = time.perf_counter_ns()
             results = self._split(batch, outputs)
         except Exception as exc:
-            log.exception("%s: batch of %d requests failed", self.config.name, len(batch))
+            if isinstance(exc, Stopped):  # its worker died (the pool logged it), or none is left
+                log.warning("%s: batch of %d requests failed: %s", self.config.name, len(batch), exc)
+            else:
+                log.exception("%s: batch of %d requests failed", self.config.name, len(batch))
             for request in batch:
                 with contextlib.suppress(concurrent.futures.InvalidStateError):  # abandoned meanwhile
                     request.future.set_exception(exc)
             failed = time.perf_counter_ns()
-            self.counters.record_failure(BACKEND, len(batch), sum(failed - r.arrived_ns for r in batch))
+            reason = REJECTED if isinstance(exc, Stopped) and not isinstance(exc, InstanceLost) else BACKEND
+            self.counters.record_failure(reason, len(batch), sum(failed - r.arrived_ns for r in batch))
             return
         done = time.perf_counter_ns()
         queued = sum(started - r.arrived_ns for r in batch)

@@ -119,3 +119,8 @@ class Stopped(RuntimeError):
     """The runtime was stopped (HTTP 503, gRPC UNAVAILABLE): a request submitted afterwards, or
     still queued when it stopped, fails with this at once instead of waiting for a batcher that
     no longer runs."""
+
+
+class InstanceLost(Stopped):
+    """The worker process running this request's batch died (HTTP 503, gRPC UNAVAILABLE): the request is
+    not retried, since it may be what crashed the worker (artifacts/workers.py)."""

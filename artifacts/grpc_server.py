@@ -21,7 +21,8 @@ Status codes, each with a one-line message; the server keeps serving afterwards:
   NOT_FOUND           unknown model or version (ModelReady answers ready: false instead, as Triton does)
   UNAVAILABLE         as Triton: queue full ("Exceeds maximum queue size"), not answered within the queue
                       timeout ("Request timeout expired"), not ready yet (warming up), or the Runtime
-                      stopped (`temper serve` shutting down stops it before this server)
+                      stopped (`temper serve` shutting down stops it before this server), or the worker
+                      process running the request's batch died (not retried: artifacts/workers.py)
   RESOURCE_EXHAUSTED  too many RPCs in flight, message over the size limit (gRPC's own answers)
   CANCELLED           the request message did not arrive within the receive deadline (artifacts/grpc_limits.py)
   DEADLINE_EXCEEDED   the client's own deadline passed first
@@ -52,7 +53,7 @@ except (ImportError, RuntimeError) as exc:  # tritonclient reports a missing grp
 from temper.artifacts.bundle import TensorSpec
 from temper.artifacts.client_shm import ClientRegions, ShmError, Target
 from temper.artifacts.counters import OTHER
-from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
+from temper.artifacts.errors import InstanceLost, Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.grpc_limits import IDLE_S, RECEIVE_TIMEOUT_S, ReceiveDeadline, options
 from temper.artifacts.protocol import DATATYPES, VERSION, WIRE
 from temper.artifacts.request_params import check_output, queue_timeout_s
@@ -75,6 +76,7 @@ class DeadlinePassed(RequestTimeout):
 
 STATUS = {RequestError: grpc.StatusCode.INVALID_ARGUMENT, Overloaded: grpc.StatusCode.UNAVAILABLE,
           RequestTimeout: grpc.StatusCode.UNAVAILABLE, Stopped: grpc.StatusCode.UNAVAILABLE,  # Triton's codes
+          InstanceLost: grpc.StatusCode.UNAVAILABLE,  # the worker running it died
           DeadlinePassed: grpc.StatusCode.DEADLINE_EXCEEDED}
 
 

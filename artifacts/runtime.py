@@ -14,6 +14,13 @@ gates measured the model with, threads included. Only without them (nothing was 
 host with fewer usable cores than they name (logged), does start-up choose the thread count itself,
 the way the gates did (engines.choose_threads). A model whose batch-1 run is shorter than
 INLINE_MAX_MS may run a lone request on the caller's thread (see artifacts/batcher.py).
+
+Instances (Triton's instance_group count): with `instances` 0 the session runs in this process, as
+the pyfunc model and most tests use it. With 1 or more, start() chooses threads here as before,
+then runs the model in that many worker processes (artifacts/workers.py, tensors through shared
+memory, artifacts/tensor_memory.py), each warmed up before it counts as ready, and drops its own
+session: a crash in native code then ends a worker, not the server. None: default_instances(),
+usable cores over the engine's intra-op threads.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 
 from temper.artifacts import engines, layout, versions
 from temper.artifacts.batcher import Batcher, abandon, pad_length
@@ -33,6 +41,7 @@ from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, St
 from temper.artifacts.host import HostProfile, profile, usable_cores
 from temper.artifacts.providers import CPU
 from temper.artifacts.session import SessionSettings
+from temper.artifacts.workers import WorkerPool
 
 __all__ = ["INLINE_MAX_MS", "Overloaded", "RequestError", "RequestTimeout", "Runtime", "Stopped"]
 
@@ -49,9 +58,14 @@ INLINE_MAX_MS = 0.2
 class Runtime:
     """Loads a bundle, picks the engine, batches concurrent requests on one inference thread."""
 
-    def __init__(self, bundle: Path, providers: list[str] | None = None, config: ServingConfig | None = None) -> None:
+    def __init__(self, bundle: Path, providers: list[str] | None = None, config: ServingConfig | None = None,
+                 instances: int | None = 0) -> None:
         """`bundle` holds model.onnx and, unless `config` is given, runtime.json; with `config`, any
-        folder holding a model.onnx serves (a run's output folder, not yet published)."""
+        folder holding a model.onnx serves (a run's output folder, not yet published). `instances`:
+        worker processes to run the model in (0: this process; None: default_instances())."""
+        if instances is not None and instances < 0:
+            raise ValueError(f"instances must be 0 or more, got {instances}")
+        self.instances = instances
         self.bundle = Path(bundle)
         self.config: ServingConfig = config or read(self.bundle)
         check_describes(self.config, self.bundle / MODEL)  # ValueError: a config of another model
@@ -69,11 +83,14 @@ class Runtime:
         if self.drift_warning:
             log.warning("%s: %s", self.config.name, self.drift_warning)
         self.settings, self._choose = _settings(self.config)  # start() chooses threads when _choose
+        self._session: ort.InferenceSession | None
+        self._providers: list[str] = []  # the providers the session really runs, which the workers are given
         self._session, self.engine = engines.load(self.bundle / MODEL, providers, self.settings, self.config.name)
         self._output_names = [o.name for o in self._session.get_outputs()]
         self.batch1_ms: float | None = None  # median run of the smallest batch (1 unless fixed), timed by start()
         self.inline = False  # start() sets it when batch1_ms < INLINE_MAX_MS
         self._batcher = Batcher(self.config, self.max_rows, self._run, self.metrics)
+        self.pool: WorkerPool | None = None  # start() starts it when instances > 0
         self._ready = False
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -120,14 +137,37 @@ class Runtime:
         """
         if self._batcher.started:
             return
-        self._tune()
-        self.warm_up()
+        if self._session is not None:  # not when a pool ran before: start() after stop()
+            self._tune()
+        if self.instances is None:
+            self.instances = default_instances(self.intra_op_threads)
+        if self.instances:
+            self._start_pool()
+        else:
+            self.warm_up()
+        self._batcher.instances = max(1, self.instances)
         self._batcher.start(self.config.name)
         self._ready = True
 
+    def _start_pool(self) -> None:
+        """Run the model in self.instances worker processes, each warmed up by the pool, with the settings
+        and providers this process chose; then drop this process's own session."""
+        if self._session is not None:
+            self._providers = self._session.get_providers()
+        sizes = [self._fixed_batch] if self._fixed_batch else range(1, self.max_rows + 1)
+        self.pool = WorkerPool(self.bundle / MODEL, self.config, self.settings, self._providers,
+                               int(self.instances or 0), self.max_rows,
+                               lambda: [self._warmup_inputs(rows) for rows in sizes])
+        began = time.perf_counter()
+        self.pool.start()
+        self._session = None  # the workers run the model now; a crash in it is theirs
+        log.info("%s: %d worker instance(s) started and warmed up in %.2fs", self.config.name, self.instances,
+                 time.perf_counter() - began)
+
     @property
     def ready(self) -> bool:
-        return self._ready
+        """Started, and with instances, at least one of them ready."""
+        return self._ready and (self.pool is None or self.pool.ready_count > 0)
 
     @property
     def pending(self) -> int:
@@ -140,6 +180,8 @@ class Runtime:
         requests while they shut down, and those must get an answer (503, UNAVAILABLE) at once."""
         self._ready = False
         self._batcher.stop()
+        if self.pool is not None:
+            self.pool.stop()  # kept: its run() answers Stopped until start() starts a new one
 
     def _warmup_inputs(self, rows: int) -> dict[str, np.ndarray]:
         return example_inputs(self.config, rows, WARMUP_DYNAMIC_DIM)
@@ -245,8 +287,16 @@ class Runtime:
         return n
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """One run on the current session, looked up per call because _tune may replace it."""
+        """One run on a worker instance, else on the current session (looked up per call: _tune may replace it)."""
+        if self.pool is not None:
+            return self.pool.run(inputs)
         return dict(zip(self._output_names, self._session.run(self._output_names, inputs)))
+
+
+def default_instances(intra_op_threads: int) -> int:
+    """Triton's default instance count on CPU is one per usable core for a one-thread session; here usable
+    cores over the session's intra-op threads, at least 1, so the instances' threads fill the cores once."""
+    return max(1, usable_cores() // intra_op_threads)
 
 
 def _settings(config: ServingConfig) -> tuple[SessionSettings, bool]:

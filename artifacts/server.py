@@ -32,8 +32,9 @@ Status codes, each with a body {"error": "<one line>"} and the server serving on
   431  request line and headers over MAX_HEADER_BYTES or MAX_HEADERS fields (artifacts/http_limits.py,
        answered there and the connection closed)
   500  the engine itself failed, or an output JSON-encoded holds NaN or Inf
-  503  overloaded (queue full), not ready yet, stopped (shutting down), or every connection busy
-       at the connection limit
+  503  overloaded (queue full), not ready yet, stopped (shutting down), every connection busy
+       at the connection limit, or the worker process running the request's batch died (not
+       retried: artifacts/workers.py)
   504  accepted but not answered within the bundle's timeout_s
 """
 

@@ -1,0 +1,68 @@
+"""One inference worker process: the engine session of one instance, apart from the gateway.
+
+Started by artifacts/workers.py as `python -m temper.artifacts.worker SPEC` with three inherited file
+descriptors: its control socket (SOCK_SEQPACKET, one message per descriptor) and its input and
+output regions (artifacts/tensor_memory.py). It builds the session exactly as the gateway would
+(artifacts/engines.py, the SessionSettings the gateway chose), says so once, then runs batches
+until the socket closes: a batch descriptor names the input tensors in the input region, the
+outputs go into the output region and their descriptor back.
+
+A crash in native code here (a segfault, the OOM killer) ends this process only: the gateway sees
+the socket close, fails the batch it had sent, and starts a new worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from temper.artifacts import engines
+from temper.artifacts.errors import first_line
+from temper.artifacts.session import SessionSettings
+from temper.artifacts.tensor_memory import Region
+
+MAX_MESSAGE = 1 << 20  # a descriptor is a few hundred bytes; this bounds a model with very many tensors
+
+
+def send(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.send(json.dumps(message, separators=(",", ":")).encode())
+
+
+def receive(sock: socket.socket) -> dict[str, Any] | None:
+    """The next message, None once the other side has closed its end (or died)."""
+    data = sock.recv(MAX_MESSAGE)
+    return json.loads(data) if data else None
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(argv[0])
+    sock = socket.socket(fileno=spec["control_fd"])
+    inputs = Region(spec["input_fd"], spec["input_size"])
+    outputs = Region(spec["output_fd"], spec["output_size"])
+    try:
+        session, engine = engines.load(Path(spec["model"]), spec["providers"],
+                                       SessionSettings.model_validate(spec["settings"]), spec["name"])
+    except Exception as exc:  # noqa: BLE001 - any load failure: the gateway reports it as the start-up error
+        send(sock, {"error": first_line(exc)})
+        return 1
+    names = [o.name for o in session.get_outputs()]
+    send(sock, {"ready": True, "pid": os.getpid(), "engine": engine, "providers": session.get_providers()})
+    while (message := receive(sock)) is not None:
+        try:
+            feed = inputs.read([tuple(t) for t in message["inputs"]], message["size"], copy=False)
+            results = dict(zip(names, session.run(names, feed)))
+            del feed
+            descriptor = outputs.write(results)
+        except Exception as exc:  # noqa: BLE001 - the model's own failure: this batch fails, the worker serves on
+            send(sock, {"error": first_line(exc)})
+            continue
+        send(sock, {"outputs": descriptor, "size": outputs.size})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -146,6 +146,28 @@ def _runtime_families(runtime: Runtime, model: list[str]) -> Iterator[Metric]:
     yield latency
 
     yield _batch_sizes(m["batches"], runtime.max_rows, model, m["inference_count"])
+    yield from _instance_families(runtime, model)
+
+
+def _instance_families(runtime: Runtime, model: list[str]) -> Iterator[Metric]:
+    """Per model instance (worker process; the one in-process session with --instances 0): whether it is
+    ready, and how often its worker was restarted after dying. Triton has no such series; these follow its
+    model and version labels."""
+    ready = GaugeMetricFamily("temper_model_instance_ready", "Whether the model instance (worker process) is "
+                              "started, warmed up and alive (1) or not (0: starting, restarting, taken out)",
+                              labels=[*LABELS, "instance"])
+    restarts = CounterMetricFamily("temper_model_instance_restarts", "Times the instance's worker process was "
+                                   "started again after it died", labels=[*LABELS, "instance"])
+    pool = runtime.pool
+    if pool is None:
+        ready.add_metric([*model, "0"], float(runtime.ready))
+        restarts.add_metric([*model, "0"], 0)
+    else:
+        for instance in pool.instances:
+            ready.add_metric([*model, str(instance.index)], float(instance.ready))
+            restarts.add_metric([*model, str(instance.index)], instance.restarts)
+    yield ready
+    yield restarts
 
 
 def _connection_families(connections: ConnectionCounts, model: list[str]) -> Iterator[Metric]:

@@ -290,6 +290,8 @@ class Runtime:
         """One run on a worker instance, else on the current session (looked up per call: _tune may replace it)."""
         if self.pool is not None:
             return self.pool.run(inputs)
+        if self._session is None:
+            raise Stopped("runtime stopped")
         return dict(zip(self._output_names, self._session.run(self._output_names, inputs)))
 
 

@@ -22,9 +22,10 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics",  # what
 
 def model_config(runtime: Runtime) -> dict[str, Any]:
     """Triton's model configuration (the JSON form of its ModelConfig), as `temper export-triton`
-    writes it for this bundle, with the instance this server really runs."""
+    writes it for this bundle, with the instances this server really runs: its worker processes, or the
+    one in-process session (instances 0; before start() has chosen a default, 1)."""
     kind = "KIND_GPU" if PROVIDERS[runtime.engine].gpu else "KIND_CPU"
-    config = _model_config(runtime.config, PLATFORM, 1, kind)
+    config = _model_config(runtime.config, PLATFORM, runtime.instances or 1, kind)
     config.pop("model_warmup", None)  # a repository setting; this server has warmed up already
     return {**config, "backend": "onnxruntime"}
 

@@ -94,6 +94,10 @@ def serve(
         "--allow-client-shm", help="let local clients register system shared memory regions (Triton's extension) "
                                    "for inputs and outputs; anyone who can reach the port can then make the server "
                                    "read and write the shared memory they name")] = False,
+    instances: Annotated[int | None, number(
+        "--instances", "worker processes running the model (Triton's instance_group count), each isolated: a crash "
+                       "in one is restarted and fails only the batch it ran; 0: in the server's own process; "
+                       "default: usable cores over the model's intra-op threads", 0, 64)] = None,
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Serve a bundle over the Open Inference Protocol (KServe v2 REST, and gRPC with --grpc-port): dynamic batching,
@@ -127,7 +131,7 @@ def serve(
     with sock, _located(model, tracking_uri) as (folder, config, unchecked):
         _routable(folder, config)
         try:
-            runtime = Runtime(folder, config=config)
+            runtime = Runtime(folder, config=config, instances=instances)
         except Exception as exc:  # an invalid runtime.json, a model onnxruntime cannot load
             raise RecipeError(model, "MODEL", f"cannot load the bundle: {first_line(exc)}; {PULL_AGAIN}") from exc
         for warning in (unchecked, runtime.host_warning, runtime.drift_warning):

@@ -1,0 +1,169 @@
+"""Isolated inference workers (artifacts/workers.py): a real server whose model runs in worker
+processes, real concurrent HTTP clients, and real signals sent to a worker while they run.
+
+Every request must be answered, 200 with exactly ONNX Runtime's answer or 503 for the one batch the
+dead worker held; the restart shows in /metrics and readiness comes back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from temper.artifacts.runtime import Runtime
+from temper.artifacts.tensor_memory import Region
+from tests.artifacts.servers import Client, Served, _counter, _expected, _inputs, _json_request, _metrics
+
+CLIENTS, REQUESTS = 8, 40
+MAX_BATCH = 8  # the tiny bundle's max_batch_size (tests/artifacts/conftest.py)
+
+
+def _wait(condition, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _decoded(body: bytes) -> dict[str, np.ndarray]:
+    types = {"FP32": np.float32, "INT64": np.int64}
+    return {o["name"]: np.asarray(o["data"], dtype=types[o["datatype"]]).reshape(o["shape"])
+            for o in json.loads(body)["outputs"]}
+
+
+@pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGSEGV], ids=["SIGKILL", "SIGSEGV"])
+def test_worker_killed_under_load(tiny: Path, reference: ort.InferenceSession, kill: signal.Signals) -> None:
+    """8 clients x 40 requests; a worker is sent `kill` after the first answers. Each answer is right or a 503
+    naming the dead worker, at most one batch of them; the instance restarts and serves again."""
+    runtime = Runtime(tiny, instances=2)
+    with Served(runtime) as served:
+        victim = runtime.pool.instances[0]
+        first_pid = victim.pid
+        answered = threading.Semaphore(0)
+        outcomes: list[tuple[int, bytes, dict[str, np.ndarray]]] = []
+        lock = threading.Lock()
+
+        def client(seed: int) -> None:
+            c = Client(served.port)
+            try:
+                for i in range(REQUESTS):
+                    inputs = _inputs(seed * 1000 + i, rows=1)
+                    status, _, body = c.infer(_json_request(inputs))
+                    with lock:
+                        outcomes.append((status, body, _expected(reference, inputs)))
+                    answered.release()
+            finally:
+                c.close()
+
+        threads = [threading.Thread(target=client, args=(s,)) for s in range(CLIENTS)]
+        for t in threads:
+            t.start()
+        for _ in range(CLIENTS * 2):  # load is running on both instances
+            assert answered.acquire(timeout=60)
+        os.kill(first_pid, kill)
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads)
+
+        assert len(outcomes) == CLIENTS * REQUESTS  # every request answered
+        lost = [body for status, body, _ in outcomes if status == 503]
+        assert {status for status, _, _ in outcomes} <= {200, 503}
+        assert len(lost) <= MAX_BATCH, f"{len(lost)} requests lost: more than the one batch the worker held"
+        for body in lost:
+            assert "died running this request's batch" in json.loads(body)["error"]
+        for status, body, expected in outcomes:
+            if status == 200:
+                outputs = _decoded(body)
+                np.testing.assert_allclose(outputs["y"], expected["y"], rtol=1e-6, atol=1e-6)
+                np.testing.assert_array_equal(outputs["total"], expected["total"])
+
+        c = Client(served.port)
+        try:
+            _wait(lambda: victim.ready and victim.pid != first_pid, "the killed instance to restart")
+            metrics = _metrics(c)
+            assert _counter(metrics, "temper_model_instance_restarts_total", instance="0") == 1
+            assert _counter(metrics, "temper_model_instance_restarts_total", instance="1") == 0
+            assert _counter(metrics, "temper_model_instance_ready", instance="0") == 1
+            assert _counter(metrics, "temper_model_instance_ready", instance="1") == 1
+            assert c.call("GET", "/v2/health/ready")[0] == 200
+            assert _counter(metrics, "nv_inference_request_failure", reason="BACKEND") == len(lost)
+            assert _counter(metrics, "nv_inference_request_success") == CLIENTS * REQUESTS - len(lost)
+            inputs = _inputs(7, rows=3)  # the restarted worker answers, right
+            for _ in range(4):
+                status, _, body = c.infer(_json_request(inputs))
+                assert status == 200
+                np.testing.assert_allclose(_decoded(body)["y"], _expected(reference, inputs)["y"], rtol=1e-6)
+        finally:
+            c.close()
+
+
+def test_worker_that_keeps_dying_is_taken_out(tiny: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One instance killed three times within a minute is not restarted again, with one log line; with no
+    instance left the model is not ready and a request is a 503 at once."""
+    runtime = Runtime(tiny, instances=1)
+    with Served(runtime) as served:
+        instance = runtime.pool.instances[0]
+        for death in range(3):
+            pid = instance.pid
+            _wait(lambda: instance.ready, "the instance to be ready")  # noqa: B023 - waited on at once
+            os.kill(pid, signal.SIGKILL)
+            _wait(lambda: instance.pid != pid or instance.removed, "the death to be seen")  # noqa: B023
+        _wait(lambda: instance.removed, "the instance to be taken out")
+        assert not instance.ready and instance.restarts == 2
+        taken_out = [r for r in caplog.records if "taken out" in r.getMessage()]
+        assert len(taken_out) == 1 and "died 3 times" in taken_out[0].getMessage()
+        c = Client(served.port)
+        try:
+            assert c.call("GET", "/v2/health/ready")[0] == 503
+            assert c.call("GET", "/v2/models/tiny/ready")[0] == 503
+            status, _, body = c.infer(_json_request(_inputs(1, rows=1)))
+            assert status == 503, body
+            assert _counter(_metrics(c), "temper_model_instance_ready", instance="0") == 0
+        finally:
+            c.close()
+
+
+def test_instances_in_config(tiny: Path) -> None:
+    """/config's instance_group says how many worker instances really run, and each is its own process."""
+    runtime = Runtime(tiny, instances=2)
+    with Served(runtime) as served:
+        c = Client(served.port)
+        try:
+            status, _, body = c.call("GET", "/v2/models/tiny/config")
+            assert status == 200
+            assert json.loads(body)["instance_group"][0]["count"] == 2
+        finally:
+            c.close()
+        pids = {i.pid for i in runtime.pool.instances}
+        assert len(pids) == 2 and os.getpid() not in pids
+        assert all(i.process is not None and i.process.poll() is None for i in runtime.pool.instances)
+    assert all(i.process is not None and i.process.poll() is not None for i in runtime.pool.instances)
+
+
+def test_region_grows_and_the_other_side_follows() -> None:
+    """A batch larger than a region is written after growing the same memory file; a second mapping of it
+    (the other process's) reads it after following the size the descriptor names."""
+    writer = Region.create("test-in", 1024)
+    reader = Region(os.dup(writer.fd), writer.size)
+    try:
+        small = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([[1, 2]], dtype=np.int64)}
+        out = reader.read(writer.write(small), writer.size, copy=True)
+        assert out.keys() == small.keys()
+        for name in small:
+            np.testing.assert_array_equal(out[name], small[name])
+        big = {"a": np.random.default_rng(0).standard_normal((300, 500)).astype(np.float32)}
+        descriptor = writer.write(big)
+        assert writer.size >= big["a"].nbytes > reader.size
+        view = reader.read(descriptor, writer.size, copy=False)["a"]
+        np.testing.assert_array_equal(view, big["a"])
+        assert reader.size == writer.size
+    finally:
+        writer.close()
+        reader.close()

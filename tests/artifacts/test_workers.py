@@ -110,7 +110,7 @@ def test_worker_that_keeps_dying_is_taken_out(tiny: Path, caplog: pytest.LogCapt
     runtime = Runtime(tiny, instances=1)
     with Served(runtime) as served:
         instance = runtime.pool.instances[0]
-        for death in range(3):
+        for _ in range(3):
             pid = instance.pid
             _wait(lambda: instance.ready, "the instance to be ready")  # noqa: B023 - waited on at once
             os.kill(pid, signal.SIGKILL)

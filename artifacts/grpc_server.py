@@ -193,7 +193,7 @@ class InferenceService(SharedMemoryRpcs, pb_grpc.GRPCInferenceServiceServicer):
             raise _invalid(str(exc)) from None
         inputs = self._decode_inputs(request)
         wanted = self._wanted_outputs(request)
-        if not self.runtime.ready:
+        if not self.runtime.accepting:
             raise Refused(grpc.StatusCode.UNAVAILABLE, f"model '{self.name}' is not ready")
         future = self.runtime.submit(inputs, inline=True, timeout_s=queue_s)  # a pool thread may run a tiny model
         if client_remaining_s is not None and client_remaining_s < timeout_s:  # the client gives up first

@@ -166,8 +166,15 @@ class Runtime:
 
     @property
     def ready(self) -> bool:
-        """Started, and with instances, at least one of them ready."""
+        """Started, and with instances, at least one of them ready (what the health endpoints answer)."""
         return self._ready and (self.pool is None or self.pool.ready_count > 0)
+
+    @property
+    def accepting(self) -> bool:
+        """Whether the servers queue an inference request: started, and with instances, one not taken out.
+        While every instance left is restarting, requests wait in the queue (up to their timeout) for it, so
+        a crash fails only the batch it hit; the health endpoints meanwhile say not ready."""
+        return self._ready and (self.pool is None or self.pool.alive_count > 0)
 
     @property
     def pending(self) -> int:

@@ -221,7 +221,7 @@ class InferenceServer:
             else:
                 request_id, inputs, wanted, queue_s = self.codec.decode(body, headers)
             del body  # its JSON text is done with while the request waits (binary inputs are views that keep it)
-            if not self.runtime.ready:
+            if not self.runtime.accepting:
                 raise HttpError(503, f"model '{self.name}' is not ready")
         except (HttpError, RequestError):
             self.failed += 1  # never reached the runtime, which counts everything after this

@@ -126,6 +126,11 @@ class WorkerPool:
         return sum(i.ready for i in self.instances)
 
     @property
+    def alive_count(self) -> int:
+        """Instances not taken out: ready, or being restarted."""
+        return sum(not i.removed for i in self.instances)
+
+    @property
     def restarts(self) -> int:
         return sum(i.restarts for i in self.instances)
 

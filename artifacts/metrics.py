@@ -134,9 +134,11 @@ class ServingCollector:
 def _runtime_families(runtime: Runtime, model: list[str]) -> Iterator[Metric]:
     """Start-up choices, latency and batch sizes."""
     m = runtime.metrics.snapshot()
-    info = GaugeMetricFamily("temper_runtime_info", "What start-up chose: engine, intra-op threads, inline runs "
-                             "(value 1)", labels=[*LABELS, "engine", "intra_op_threads", "inline"])
-    info.add_metric([*model, runtime.engine, str(runtime.intra_op_threads), str(runtime.inline).lower()], 1)
+    info = GaugeMetricFamily("temper_runtime_info", "What start-up chose: engine, intra-op threads, inline runs, "
+                             "worker instances (0: in the server's process) (value 1)",
+                             labels=[*LABELS, "engine", "intra_op_threads", "inline", "instances"])
+    info.add_metric([*model, runtime.engine, str(runtime.intra_op_threads), str(runtime.inline).lower(),
+                     str(runtime.instances or 0)], 1)
     yield info
 
     latency = HistogramMetricFamily("temper_request_duration_seconds", "Time from queueing to answer of "

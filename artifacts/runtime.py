@@ -19,8 +19,11 @@ Instances (Triton's instance_group count): with `instances` 0 the session runs i
 the pyfunc model and most tests use it. With 1 or more, start() chooses threads here as before,
 then runs the model in that many worker processes (artifacts/workers.py, tensors through shared
 memory, artifacts/tensor_memory.py), each warmed up before it counts as ready, and drops its own
-session: a crash in native code then ends a worker, not the server. None: default_instances(),
-usable cores over the engine's intra-op threads.
+session: a crash in native code then ends a worker, not the server. None (`temper serve`'s default):
+default_instances(), usable cores over the engine's intra-op threads, except for a model that runs
+inline (batch-1 under INLINE_MAX_MS): its run is shorter than the hand-off to a worker (two process
+wake-ups, measured 0.3-0.6 ms a request on a loaded 2-core host, benchmarks/serving_workers.py), which
+would double its one-client latency, so it stays in this process unless `instances` asks.
 """
 
 from __future__ import annotations
@@ -140,7 +143,10 @@ class Runtime:
         if self._session is not None:  # not when a pool ran before: start() after stop()
             self._tune()
         if self.instances is None:
-            self.instances = default_instances(self.intra_op_threads)
+            self.instances = 0 if self.inline else default_instances(self.intra_op_threads)
+            log.info("%s: %d worker instance(s) by default%s", self.config.name, self.instances,
+                     ": the model runs inline, faster than a hand-off to a worker (--instances N isolates it)"
+                     if self.inline else "")
         if self.instances:
             self._start_pool()
         else:
@@ -211,7 +217,8 @@ class Runtime:
         except RequestError:
             self.metrics.record_failure(OTHER)
             raise
-        return self._batcher.submit(inputs, rows, inline and self.inline, timeout_s)
+        inline = inline and self.inline and (self.pool is None or self.pool.idle_count > 0)  # never wait on a restart
+        return self._batcher.submit(inputs, rows, inline, timeout_s)
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """submit() and wait up to config.timeout_s."""

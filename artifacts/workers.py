@@ -40,7 +40,7 @@ from temper.artifacts.bundle import ServingConfig
 from temper.artifacts.errors import InstanceLost, Stopped
 from temper.artifacts.session import SessionSettings
 from temper.artifacts.tensor_memory import Region, regions_for
-from temper.artifacts.worker import receive, send
+from temper.artifacts.worker import Channel
 
 log = logging.getLogger("temper.serving")
 
@@ -58,7 +58,7 @@ class Instance:
     inputs: Region
     outputs: Region
     process: subprocess.Popen | None = None
-    control: socket.socket | None = None
+    control: Channel | None = None
     ready: bool = False  # started, warmed up and not known dead
     removed: bool = False  # taken out after dying too often
     restarts: int = 0
@@ -109,7 +109,7 @@ class WorkerPool:
         for instance in self.instances:
             if instance.control is not None:
                 with contextlib.suppress(OSError):
-                    instance.control.shutdown(socket.SHUT_RDWR)  # the worker's receive ends: it exits
+                    instance.control.shutdown()  # the worker's receive ends: it exits
             if instance.process is not None and instance.process.poll() is None:
                 instance.process.terminate()
         for thread in self._supervisors:
@@ -124,6 +124,11 @@ class WorkerPool:
     @property
     def ready_count(self) -> int:
         return sum(i.ready for i in self.instances)
+
+    @property
+    def idle_count(self) -> int:
+        """Instances ready and not running a batch now."""
+        return len(self._idle)
 
     @property
     def alive_count(self) -> int:
@@ -205,10 +210,10 @@ class WorkerPool:
             [sys.executable, "-m", "temper.artifacts.worker", json.dumps(spec)], env=env,
             pass_fds=(theirs.fileno(), instance.inputs.fd, instance.outputs.fd), stdin=subprocess.DEVNULL)
         theirs.close()  # the worker holds it now: its death closes the socket
-        instance.control = ours
-        ours.settimeout(START_TIMEOUT_S)
-        hello = receive(ours)
-        ours.settimeout(None)
+        instance.control = channel = Channel(ours)
+        channel.settimeout(START_TIMEOUT_S)
+        hello = channel.receive()
+        channel.settimeout(None)
         if hello is None:
             raise RuntimeError(f"the worker exited with code {instance.process.wait()} before loading the model")
         if "error" in hello:
@@ -264,12 +269,12 @@ class WorkerPool:
             raise _NotSent
         descriptor = instance.inputs.write(inputs)
         try:
-            send(control, {"inputs": descriptor, "size": instance.inputs.size})
+            control.send({"inputs": descriptor, "size": instance.inputs.size})
         except OSError:
             instance.ready = False
             raise _NotSent from None
         try:
-            answer = receive(control)
+            answer = control.receive()
         except OSError:
             answer = None
         if answer is None:

@@ -118,9 +118,10 @@ def vad_model(folder: Path, name: str = "vad") -> Path:
     return save(folder, name, nodes, inputs, outputs, initializers)
 
 
-def runtime_for(model: Path, tmp_path: Path, **serving: object) -> Runtime:
+def runtime_for(model: Path, tmp_path: Path, instances: int = 0, **serving: object) -> Runtime:
+    """A Runtime on `model`, in this process (instances 0) or in that many worker processes."""
     config = config_for(model, model.stem, **serving)
-    return Runtime(write(tmp_path / f"{model.stem}-bundle", model, config))
+    return Runtime(write(tmp_path / f"{model.stem}-bundle", model, config), instances=instances)
 
 
 def plain(model: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

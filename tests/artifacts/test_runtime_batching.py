@@ -29,9 +29,13 @@ from tests.artifacts.runtimes import (
 )
 
 
-def test_results_equal_a_plain_session(tmp_path: Path, started) -> None:
+INSTANCES = pytest.mark.parametrize("instances", [0, 2], ids=["in-process", "2-workers"])
+
+
+@INSTANCES
+def test_results_equal_a_plain_session(tmp_path: Path, started, instances: int) -> None:
     model = linear_model(tmp_path)
-    runtime = started(runtime_for(model, tmp_path, max_batch_size=16))
+    runtime = started(runtime_for(model, tmp_path, instances, max_batch_size=16))
     assert runtime.engine == "cpu"
     x = np.random.default_rng(2).standard_normal((5, 4)).astype(np.float32)
     np.testing.assert_allclose(runtime.infer({"x": x})["y"], plain(model, {"x": x})["y"], rtol=1e-6)
@@ -39,9 +43,10 @@ def test_results_equal_a_plain_session(tmp_path: Path, started) -> None:
     np.testing.assert_allclose(runtime.run_batch({"x": many})["y"], plain(model, {"x": many})["y"], rtol=1e-6)
 
 
-def test_concurrent_clients_share_batches_and_get_their_own_rows(tmp_path: Path, started) -> None:
+@INSTANCES
+def test_concurrent_clients_share_batches_and_get_their_own_rows(tmp_path: Path, started, instances: int) -> None:
     model = linear_model(tmp_path)
-    runtime = started(runtime_for(model, tmp_path, max_batch_size=16, max_delay_ms=5))
+    runtime = started(runtime_for(model, tmp_path, instances, max_batch_size=16, max_delay_ms=5))
     clients = 32
     barrier = threading.Barrier(clients)
 
@@ -84,9 +89,10 @@ def test_start_keeps_one_intra_op_thread_or_all_cores_and_reports_which(tmp_path
     np.testing.assert_allclose(runtime.infer({"x": x})["y"], plain(model, {"x": x})["y"], rtol=1e-6)
 
 
-def test_padded_requests_batched_together_match_unbatched_runs(tmp_path: Path, started) -> None:
+@INSTANCES
+def test_padded_requests_batched_together_match_unbatched_runs(tmp_path: Path, started, instances: int) -> None:
     model = pooling_model(tmp_path)
-    runtime = runtime_for(model, tmp_path, pad={"input_ids": 0, "attention_mask": 0})
+    runtime = runtime_for(model, tmp_path, instances, pad={"input_ids": 0, "attention_mask": 0})
     rng = np.random.default_rng(4)
     requests = []
     for rows, length in ((1, 3), (2, 5), (1, 8)):
@@ -109,7 +115,9 @@ def _vad_request(seed: int, rows: int, sr: int | None) -> dict[str, np.ndarray]:
     return request if sr is None else {**request, "sr": np.array(sr, np.int64)}
 
 
-def test_requests_join_on_each_inputs_batch_axis_and_a_constant_splits_batches(tmp_path: Path, started) -> None:
+@INSTANCES
+def test_requests_join_on_each_inputs_batch_axis_and_a_constant_splits_batches(tmp_path: Path, started,
+                                                                                instances: int) -> None:
     """Silero's layout: state [2, batch, 128] joins on axis 1, stateN splits on axis 1; sr is not batched:
     left out, it is runtime.json's 16000; requests sending another value run in a batch of their own."""
     model = vad_model(tmp_path)
@@ -117,7 +125,7 @@ def test_requests_join_on_each_inputs_batch_axis_and_a_constant_splits_batches(t
     config = config_for(model, "vad", layout, max_batch_size=16)
     assert [(s.name, s.shape, s.batch_axis, s.value) for s in config.inputs] == [
         ("audio", [-1, VAD_AUDIO], 0, None), ("sr", [], None, 16000), ("state", [2, -1, VAD_STATE], 1, None)]
-    runtime = Runtime(write(tmp_path / "bundle", model, config))
+    runtime = Runtime(write(tmp_path / "bundle", model, config), instances=instances)
     requests = [_vad_request(1, 1, None), _vad_request(2, 3, 16000), _vad_request(3, 2, 8000),
                 _vad_request(4, 2, None), _vad_request(5, 1, 8000)]
     futures = [runtime.submit(r) for r in requests]  # queued before start: batches formed deterministically

@@ -28,7 +28,6 @@ from tests.artifacts.runtimes import (
     vad_model,
 )
 
-
 INSTANCES = pytest.mark.parametrize("instances", [0, 2], ids=["in-process", "2-workers"])
 
 

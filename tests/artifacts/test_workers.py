@@ -171,3 +171,31 @@ def test_region_grows_and_the_other_side_follows() -> None:
     finally:
         writer.close()
         reader.close()
+
+
+def test_the_batch_a_worker_held_when_it_died_is_a_503(tiny: Path, reference: ort.InferenceSession) -> None:
+    """Deterministically: the worker is stopped (SIGSTOP) so the request's batch waits in it, then killed; that
+    request alone is a 503 naming the death, a BACKEND failure, and the next one is answered right."""
+    runtime = Runtime(tiny, instances=1)
+    with Served(runtime) as served:
+        instance = runtime.pool.instances[0]
+        pid = instance.pid
+        os.kill(pid, signal.SIGSTOP)
+        answers: list[tuple[int, bytes]] = []
+        c = Client(served.port)
+        request = threading.Thread(target=lambda: answers.append(c.infer(_json_request(_inputs(3, rows=2)))[::2]))
+        request.start()
+        _wait(lambda: runtime.pool.idle_count == 0, "the batch to reach the worker")
+        os.kill(pid, signal.SIGKILL)
+        request.join(30)
+        ((status, body),) = answers
+        assert status == 503 and "died running this request's batch; not retried" in json.loads(body)["error"]
+        _wait(lambda: instance.ready, "the restart")
+        inputs = _inputs(4, rows=2)
+        status, _, body = c.infer(_json_request(inputs))
+        assert status == 200
+        np.testing.assert_allclose(_decoded(body)["y"], _expected(reference, inputs)["y"], rtol=1e-6)
+        metrics = _metrics(c)
+        assert _counter(metrics, "nv_inference_request_failure", reason="BACKEND") == 1
+        assert _counter(metrics, "temper_model_instance_restarts_total", instance="0") == 1
+        c.close()

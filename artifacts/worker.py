@@ -9,12 +9,17 @@ outputs go into the output region and their descriptor back.
 
 A crash in native code here (a segfault, the OOM killer) ends this process only: the gateway sees
 the socket close, fails the batch it had sent, and starts a new worker.
+
+SIGINT and SIGTERM are ignored: Ctrl-C in a terminal (or a service manager signalling the whole group)
+reaches the workers too, and the gateway must drain first; it ends a worker by closing its socket,
+and a gateway that dies closes it too, so no worker outlives it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -56,6 +61,8 @@ class Channel:
 
 
 def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     spec = json.loads(argv[0])
     channel = Channel(socket.socket(fileno=spec["control_fd"]))
     inputs = Region(spec["input_fd"], spec["input_size"])
@@ -68,16 +75,19 @@ def main(argv: list[str]) -> int:
         return 1
     names = [o.name for o in session.get_outputs()]
     channel.send({"ready": True, "pid": os.getpid(), "engine": engine, "providers": session.get_providers()})
-    while (message := channel.receive()) is not None:
-        try:
-            feed = inputs.read([tuple(t) for t in message["inputs"]], message["size"], copy=False)
-            results = dict(zip(names, session.run(names, feed)))
-            del feed
-            descriptor = outputs.write(results)
-        except Exception as exc:  # noqa: BLE001 - the model's own failure: this batch fails, the worker serves on
-            channel.send({"error": first_line(exc)})
-            continue
-        channel.send({"outputs": descriptor, "size": outputs.size})
+    try:
+        while (message := channel.receive()) is not None:
+            try:
+                feed = inputs.read([tuple(t) for t in message["inputs"]], message["size"], copy=False)
+                results = dict(zip(names, session.run(names, feed)))
+                del feed
+                descriptor = outputs.write(results)
+            except Exception as exc:  # noqa: BLE001 - the model's own failure: this batch fails, the worker serves on
+                channel.send({"error": first_line(exc)})
+                continue
+            channel.send({"outputs": descriptor, "size": outputs.size})
+    except OSError:  # the gateway went away mid-batch
+        pass
     return 0
 
 

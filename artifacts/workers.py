@@ -101,7 +101,8 @@ class WorkerPool:
             raise RuntimeError(self._failure)
 
     def stop(self) -> None:
-        """End every worker (SIGTERM, then SIGKILL) and free the regions."""
+        """End every worker (its socket closed, then SIGKILL if it has not exited within 10 s) and free the
+        regions."""
         with self._cond:
             self._running = False
             self._idle.clear()
@@ -110,8 +111,6 @@ class WorkerPool:
             if instance.control is not None:
                 with contextlib.suppress(OSError):
                     instance.control.shutdown()  # the worker's receive ends: it exits
-            if instance.process is not None and instance.process.poll() is None:
-                instance.process.terminate()
         for thread in self._supervisors:
             thread.join(10)
         for instance in self.instances:

@@ -9,17 +9,32 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import psutil
 import pytest
 
 from temper.artifacts.runtime import Runtime
 from temper.artifacts.tensor_memory import Region
-from tests.artifacts.servers import Client, Served, _counter, _expected, _inputs, _json_request, _metrics
+from tests.artifacts.servers import (
+    Client,
+    Served,
+    _counter,
+    _expected,
+    _families,
+    _free_port,
+    _inputs,
+    _json_request,
+    _metrics,
+    _wait_ready,
+)
+from tests.conftest import REPO
 
 CLIENTS, REQUESTS = 8, 40
 MAX_BATCH = 8  # the tiny bundle's max_batch_size (tests/artifacts/conftest.py)
@@ -199,3 +214,33 @@ def test_the_batch_a_worker_held_when_it_died_is_a_503(tiny: Path, reference: or
         assert _counter(metrics, "nv_inference_request_failure", reason="BACKEND") == 1
         assert _counter(metrics, "temper_model_instance_restarts_total", instance="0") == 1
         c.close()
+
+
+def test_temper_serve_instances_and_ctrl_c_to_the_whole_group(tiny: Path, reference: ort.InferenceSession) -> None:
+    """`temper serve --instances 2` answers right from two worker processes; Ctrl-C in a terminal signals
+    the whole process group: the server drains and exits cleanly, no worker prints a traceback or outlives it."""
+    port = _free_port()
+    code = "import sys; from temper.pipeline.cli import main; sys.argv[0] = 'temper'; main()"
+    process = subprocess.Popen([sys.executable, "-c", code, "serve", str(tiny), "--port", str(port), "--instances",
+                                "2"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        _wait_ready(process, port)
+        workers = [p for p in psutil.Process(process.pid).children(recursive=True)
+                   if "temper.artifacts.worker" in " ".join(p.cmdline())]
+        assert len(workers) == 2
+        c = Client(port)
+        inputs = _inputs(9, rows=3)
+        status, _, body = c.infer(_json_request(inputs))
+        assert status == 200
+        np.testing.assert_allclose(_decoded(body)["y"], _expected(reference, inputs)["y"], rtol=1e-6)
+        info = _families(c)["temper_runtime_info"].samples[0].labels
+        assert info["instances"] == "2"
+        c.close()
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode in (0, 128 + signal.SIGINT) and "Traceback" not in stderr, stderr
+    assert "died" not in stderr, stderr  # no worker was lost while the server drained
+    psutil.wait_procs(workers, timeout=10)
+    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)

@@ -23,6 +23,7 @@ sessions), so they can be compared before one is adopted there.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import itertools
 import json
@@ -115,12 +116,13 @@ def request(port: int, method: str, path: str, timeout: float = 10) -> tuple[int
 
 
 @contextmanager
-def serving(bundle: Path, logfile: Path, ready_within_s: float = 300) -> Iterator[tuple[subprocess.Popen, int]]:
-    """`temper serve BUNDLE` on a free loopback port, in its own session; (process, port) once ready.
+def serving(bundle: Path, logfile: Path, ready_within_s: float = 300,
+            options: tuple[str, ...] = ()) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`temper serve BUNDLE [OPTIONS]` on a free loopback port, in its own session; (process, port) once ready.
     Stopped by its PID (SIGINT to its own process group, SIGKILL after 30 s)."""
     port = free_port()
     with open(logfile, "ab") as out:
-        proc = subprocess.Popen([*TEMPER, "serve", str(bundle), "--port", str(port)], cwd=ROOT, stdout=out,
+        proc = subprocess.Popen([*TEMPER, "serve", str(bundle), "--port", str(port), *options], cwd=ROOT, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + ready_within_s
@@ -247,7 +249,8 @@ def _check(response: http.client.HTTPResponse, body: bytes, rows: int, length: i
 
 
 class RssSampler(threading.Thread):
-    """Samples a process's RSS every `every_s`: (seconds since start, RSS bytes, requests done)."""
+    """Samples a process's RSS every `every_s`, with its children's (the worker processes of `temper serve
+    --instances`): (seconds since start, RSS bytes, requests done)."""
 
     def __init__(self, pid: int, every_s: float, progress: Callable[[], int]) -> None:
         super().__init__(name="soak-rss", daemon=True)
@@ -263,7 +266,11 @@ class RssSampler(threading.Thread):
                 return
 
     def sample(self) -> None:
-        self.samples.append((time.monotonic() - self.began, self.process.memory_info().rss, self.progress()))
+        rss = self.process.memory_info().rss
+        for child in self.process.children(recursive=True):
+            with contextlib.suppress(psutil.Error):  # a worker ending (restarted) between the listing and the read
+                rss += child.memory_info().rss
+        self.samples.append((time.monotonic() - self.began, rss, self.progress()))
 
     def stop(self) -> None:
         self.halt.set()
@@ -285,7 +292,8 @@ def soak(args: argparse.Namespace, base: Path) -> int:
     folder = make_bundle(model, base / "bundle")
     log(f"=== serving {folder} ({model})")
     load = Load()
-    with serving(folder, base / "temper-serve.log") as (proc, port):
+    options = () if args.instances is None else ("--instances", args.instances)
+    with serving(folder, base / "temper-serve.log", options=options) as (proc, port):
         before = counters(port)
         sampler = RssSampler(proc.pid, args.sample_s, lambda: load.done)
         sampler.start()
@@ -463,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--warmup-fraction", type=float, default=0.1, help="RSS is compared from this share of the run on")
     add("--tolerance", type=float, default=0.10, help="allowed RSS change after warm-up (0.10 = +-10%%)")
     add("--seed", type=int, default=0)
+    add("--instances", help="temper serve --instances (default: its own); RSS counts the workers with the server")
     add("--png", type=Path, help="where the plot goes (default: OUT_BASE/soak-rss.png or arena-rss.png)")
     add("--arena", action="store_true", help="compare ONNX Runtime memory options instead of serving")
     add("--runs", type=int, default=1500, help="session runs per variant in the arena check")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from benchmarks import soak
 from tests.artifacts.runtimes import pooling_model
@@ -18,10 +19,12 @@ REQUESTS = 3000
 GROWTH_LIMIT = 48 * soak.MiB  # generous: the shapes reach a few MiB of activations at most
 
 
-def test_mixed_shapes_serve_without_errors_and_rss_levels_off(tmp_path: Path) -> None:
+@pytest.mark.parametrize("options", [(), ("--instances", "2")], ids=["default", "2-workers"])
+def test_mixed_shapes_serve_without_errors_and_rss_levels_off(tmp_path: Path, options: tuple[str, ...]) -> None:
+    """RSS is the server's with its workers' (the sampler sums the process tree)."""
     folder = soak.make_bundle(pooling_model(tmp_path, TABLE), tmp_path / "bundle", name="tokens")
     load = soak.Load()
-    with soak.serving(folder, tmp_path / "serve.log", ready_within_s=120) as (process, port):
+    with soak.serving(folder, tmp_path / "serve.log", ready_within_s=120, options=options) as (process, port):
         before = soak.counters(port)
         sampler = soak.RssSampler(process.pid, 0.25, lambda: load.done)
         sampler.start()

@@ -34,6 +34,7 @@ from tests.artifacts.servers import (
     _metrics,
     _wait_ready,
 )
+from tests.artifacts.runtimes import plain, pooling_model, runtime_for
 from tests.conftest import REPO
 
 CLIENTS, REQUESTS = 8, 40
@@ -244,3 +245,20 @@ def test_temper_serve_instances_and_ctrl_c_to_the_whole_group(tiny: Path, refere
     assert "died" not in stderr, stderr  # no worker was lost while the server drained
     psutil.wait_procs(workers, timeout=10)
     assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+
+
+def test_a_batch_larger_than_the_regions_grows_them(tmp_path: Path, started) -> None:
+    """Token inputs far longer than the regions were sized for (dynamic dims at DYNAMIC_DIM_GUESS) grow the
+    input region (gateway) and the output region (worker), and the answers still equal a plain session's."""
+    model = pooling_model(tmp_path)
+    runtime = started(runtime_for(model, tmp_path, 1, pad={"input_ids": 0, "attention_mask": 0}))
+    instance = runtime.pool.instances[0]
+    sizes = instance.inputs.size, instance.outputs.size
+    rng = np.random.default_rng(8)
+    for length in (5, 6000, 12000, 7):
+        ids = rng.integers(1, 10, (2, length), dtype=np.int64)
+        request = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        got, want = runtime.infer(request), plain(model, request)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+    assert instance.inputs.size > sizes[0] and instance.outputs.size > sizes[1]

@@ -22,6 +22,7 @@ import pytest
 
 from temper.artifacts.runtime import Runtime
 from temper.artifacts.tensor_memory import Region
+from tests.artifacts.runtimes import plain, pooling_model, runtime_for
 from tests.artifacts.servers import (
     Client,
     Served,
@@ -34,7 +35,6 @@ from tests.artifacts.servers import (
     _metrics,
     _wait_ready,
 )
-from tests.artifacts.runtimes import plain, pooling_model, runtime_for
 from tests.conftest import REPO
 
 CLIENTS, REQUESTS = 8, 40

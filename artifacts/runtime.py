@@ -42,7 +42,7 @@ from temper.artifacts.bundle import MODEL, ServingConfig, check_describes, examp
 from temper.artifacts.counters import OTHER, Counters
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.host import HostProfile, profile, usable_cores
-from temper.artifacts.providers import CPU
+from temper.artifacts.providers import CPU, PROVIDERS
 from temper.artifacts.session import SessionSettings
 from temper.artifacts.workers import WorkerPool
 
@@ -143,7 +143,7 @@ class Runtime:
         if self._session is not None:  # not when a pool ran before: start() after stop()
             self._tune()
         if self.instances is None:
-            self.instances = 0 if self.inline else default_instances(self.intra_op_threads)
+            self.instances = 0 if self.inline else default_instances(self.intra_op_threads, PROVIDERS[self.engine].gpu)
             log.info("%s: %d worker instance(s) by default%s", self.config.name, self.instances,
                      ": the model runs inline, faster than a hand-off to a worker (--instances N isolates it)"
                      if self.inline else "")
@@ -309,10 +309,10 @@ class Runtime:
         return dict(zip(self._output_names, self._session.run(self._output_names, inputs)))
 
 
-def default_instances(intra_op_threads: int) -> int:
-    """Triton's default instance count on CPU is one per usable core for a one-thread session; here usable
-    cores over the session's intra-op threads, at least 1, so the instances' threads fill the cores once."""
-    return max(1, usable_cores() // intra_op_threads)
+def default_instances(intra_op_threads: int, gpu: bool) -> int:
+    """On a GPU one instance, as Triton's default (one per GPU); on the CPU usable cores over the session's
+    intra-op threads, at least 1, so the instances' threads fill the cores once."""
+    return 1 if gpu else max(1, usable_cores() // intra_op_threads)
 
 
 def _settings(config: ServingConfig) -> tuple[SessionSettings, bool]:

@@ -20,9 +20,9 @@ import onnxruntime as ort
 import psutil
 import pytest
 
-from temper.artifacts.runtime import Runtime
+from temper.artifacts.runtime import Runtime, default_instances
 from temper.artifacts.tensor_memory import Region
-from tests.artifacts.runtimes import plain, pooling_model, runtime_for
+from tests.artifacts.runtimes import linear_model, plain, pooling_model, runtime_for, slow_model
 from tests.artifacts.servers import (
     Client,
     Served,
@@ -262,3 +262,29 @@ def test_a_batch_larger_than_the_regions_grows_them(tmp_path: Path, started) -> 
         for name in want:
             np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
     assert instance.inputs.size > sizes[0] and instance.outputs.size > sizes[1]
+
+
+def test_default_instances_keep_an_inline_model_in_process_and_isolate_a_slower_one(tmp_path: Path, started) -> None:
+    """instances=None (temper serve's default): a model that runs inline stays in this process; one that does
+    not gets usable cores over its intra-op threads, in worker processes."""
+    tiny = started(runtime_for(linear_model(tmp_path), tmp_path, None))
+    assert tiny.inline and tiny.instances == 0 and tiny.pool is None
+    heavy = slow_model(tmp_path)
+    slow = started(runtime_for(heavy, tmp_path, None, max_batch_size=2))
+    assert not slow.inline, f"batch-1 run {slow.batch1_ms} ms"
+    assert slow.instances == default_instances(slow.intra_op_threads, False) >= 1
+    assert slow.pool is not None and slow.pool.ready_count == slow.instances
+    x = np.ones((2, 512), np.float32)
+    np.testing.assert_allclose(slow.infer({"x": x})["y"], plain(heavy, {"x": x})["y"], rtol=1e-5)
+
+
+def test_start_after_stop_starts_new_workers(tmp_path: Path, started) -> None:
+    model = linear_model(tmp_path)
+    runtime = started(runtime_for(model, tmp_path, 1))
+    first = runtime.pool.instances[0].process
+    runtime.stop()
+    assert first.poll() is not None and not runtime.ready
+    runtime.start()
+    assert runtime.ready and runtime.pool.instances[0].process is not first
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_allclose(runtime.infer({"x": x})["y"], plain(model, {"x": x})["y"], rtol=1e-6)

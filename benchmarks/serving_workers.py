@@ -12,10 +12,10 @@ The heavy CNN's points are also given as a ratio to the raw ONNX Runtime ceiling
 (c): one in-process session at batch --max-batch, the better of spinning on and off, measured before
 and after), the target being >= 0.8x at 32 clients with isolation on.
 
-Crash recovery: the heavy CNN with isolation on (auto) under 32 wrk connections; after --kill-after
-seconds its instance 0 worker is sent SIGKILL. /metrics' success counter is sampled every 0.1 s;
-recovery is the time from the kill until a 0.5 s window's throughput is back to 90 % of the mean
-before it. wrk's non-2xx answers are the requests the dead worker held (503).
+Crash recovery: the heavy CNN, for each --instances value that runs workers, under 32 wrk
+connections; after --kill-after seconds its instance 0 worker is sent SIGKILL. /metrics' success
+counter is sampled every 0.1 s; recovery is the time from the kill until a 0.5 s window's
+throughput is back to 90 % of the mean before it. wrk's non-2xx answers are the requests the dead worker held (503).
 
 Markdown goes to stdout, the host and its load first; progress to stderr.
 """
@@ -160,7 +160,7 @@ def main() -> int:
         print("| --instances | clients | req/s | p50 ms | errors | gateway CPU us/req | workers CPU us/req |"
               + (" vs ceiling |" if key == "heavy" else ""))
         print("|---|---|---|---|---|---|---|" + ("---|" if key == "heavy" else ""))
-        rows = []
+        rows, crashes = [], {}
         for instances in args.instances.split(","):
             server = serve(bundle, base, instances)
             info = [line for line in request(server.port, "GET", "/metrics")[2].decode().splitlines()
@@ -170,8 +170,8 @@ def main() -> int:
             try:
                 for concurrency in (1, 32):
                     rows.append((instances, concurrency, *point(server, model, concurrency, args.duration, base)))
-                if key == "heavy" and instances.startswith("auto") and chosen != "0":
-                    crash = recovery(server, model, args.recovery_duration, args.kill_after, base)
+                if key == "heavy" and chosen != "0":
+                    crashes[instances] = recovery(server, model, args.recovery_duration, args.kill_after, base)
             finally:
                 server.stop()
         if key == "heavy":
@@ -183,8 +183,8 @@ def main() -> int:
         if key == "heavy":
             print(f"\nraw ONNX Runtime ceiling at batch {args.max_batch}: {top:,.0f} samples/s "
                   f"(best of {len(measured_ceiling)} runs, spinning on and off)")
-            if "crash" in locals():
-                print(f"\ncrash recovery (auto instances, 32 connections, SIGKILL to instance 0 after "
+            for instances, crash in crashes.items():
+                print(f"\ncrash recovery (--instances {instances}, 32 connections, SIGKILL to instance 0 after "
                       f"{args.kill_after:.0f}s): steady {crash['steady']:,.0f} req/s, back to {RECOVERED:.0%} within "
                       f"{crash['recovered_s']:.2f}s; {crash['lost']:.0f} of {crash['requests']:.0f} requests "
                       "answered non-2xx")

@@ -97,7 +97,8 @@ def serve(
     instances: Annotated[int | None, number(
         "--instances", "worker processes running the model (Triton's instance_group count), each isolated: a crash "
                        "in one is restarted and fails only the batch it ran; 0: in the server's own process; "
-                       "default: usable cores over the model's intra-op threads", 0, 64)] = None,
+                       "default: usable cores over the model's intra-op threads (1 on a GPU), 0 for a model that runs "
+                       "inline (faster than the hand-off to a worker)", 0, 64)] = None,
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Serve a bundle over the Open Inference Protocol (KServe v2 REST, and gRPC with --grpc-port): dynamic batching,

@@ -22,7 +22,7 @@ memory, artifacts/tensor_memory.py), each warmed up before it counts as ready, a
 session: a crash in native code then ends a worker, not the server. None (`temper serve`'s default):
 default_instances(), usable cores over the engine's intra-op threads, except for a model that runs
 inline (batch-1 under INLINE_MAX_MS): its run is shorter than the hand-off to a worker (two process
-wake-ups, measured 0.3-0.6 ms a request on a loaded 2-core host, benchmarks/serving_workers.py), which
+wake-ups, measured 0.5-1 ms a request on a loaded 2-core host, benchmarks/serving_workers.py), which
 would double its one-client latency, so it stays in this process unless `instances` asks.
 """
 
@@ -59,7 +59,8 @@ INLINE_MAX_MS = 0.2
 
 
 class Runtime:
-    """Loads a bundle, picks the engine, batches concurrent requests on one inference thread."""
+    """Loads a bundle, picks the engine, batches concurrent requests on one inference thread per instance
+    (one in-process session, or worker processes)."""
 
     def __init__(self, bundle: Path, providers: list[str] | None = None, config: ServingConfig | None = None,
                  instances: int | None = 0) -> None:

@@ -7,7 +7,7 @@ take, a missing provider) are raised before anything slow runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import RecipeError
-from temper.artifacts.host import HostProfile, Load, LoadMeter, profile
+from temper.artifacts.host import HostProfile, profile
 from temper.artifacts.layout import AXIS0, Layout
 from temper.calibration.sources import Dataset
 from temper.validators import report_model, scoring
@@ -23,9 +23,10 @@ from temper.validators.census import Census, of_file
 from temper.validators.evaluate import predict
 from temper.validators.fidelity import compare_outputs, fidelity_gates
 from temper.validators.gates import Gate, Verdict, at_most, select
+from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
 from temper.validators.spec import ThroughputSpec, ValidateSpec
 from temper.validators.speedup import Speedup, estimate
-from temper.validators.throughput import Measurement, batch_of, measure, session_for, tuned_session
+from temper.validators.throughput import Measurement, batch_of, session_for, tuned_session
 from temper.validators.truth import truth_gates
 
 
@@ -158,72 +159,34 @@ def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[
                                   f"{name}: {exc}") from None
 
 
-ROUNDS = 5  # rounds every model gets; more only while a speed gate is undecided
-SLICE_WARMUP_S = 0.05  # later slices reuse a warm session: a few calls re-fill the caches
-
-
-@dataclass
-class Bench:
-    """One provider and batch size: every model's slices by round, and what else ran meanwhile."""
-
-    provider: str
-    batch_size: int
-    slices: dict[str, dict[int, Measurement]]  # model -> round -> slice
-    load: Load | None = None
-
-    def ratios(self, name: str) -> list[float]:
-        """Paired per-round ratios: the candidate's slice over the baseline's slice of the same round."""
-        base = self.slices["baseline"]
-        return [m.samples_per_s / base[r].samples_per_s for r, m in self.slices[name].items() if r in base]
-
-    def figure(self, name: str) -> Measurement:
-        """The model's median slice, carrying the round count, the spread and the load."""
-        taken = sorted(self.slices[name].values(), key=lambda m: m.samples_per_s)
-        median = taken[len(taken) // 2]
-        spread = 100 * (taken[-1].samples_per_s - taken[0].samples_per_s) / median.samples_per_s
-        return replace(median, rounds=len(taken), spread_pct=round(spread, 2),
-                       load=self.load.as_dict() if self.load else None)
-
-
 def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.ndarray],
                progress: Progress) -> list[Bench]:
-    """Throughput of every model, side by side: for each provider and batch size the models take turns
-    in slices of duration_s / ROUNDS on sessions created once, in an order that rotates every round.
-    After ROUNDS rounds, the baseline and the candidates still undecided (a speed gate, or at the ranking
-    size whether they beat the baseline at all) go on, round by round, until each is decided or has been
-    timed for the recipe's budget."""
+    """Throughput of every model, side by side (validators/rounds.py): for each provider and batch size the
+    models take turns in slices of duration_s / ROUNDS on sessions created once. After ROUNDS rounds, the
+    baseline and the candidates still undecided (a speed gate, or at the ranking size whether they beat
+    the baseline at all) go on, round by round, until each is decided or has been timed for the recipe's
+    budget."""
     spec = subject.spec.throughput
     if spec is None:
         return []
     benches = []
     slice_s = spec.duration_s / ROUNDS
-    most_rounds = max(ROUNDS, round(spec.budget_s / slice_s))
+    timing = Timing(slice_s, spec.warmup_s, max(ROUNDS, round(spec.budget_s / slice_s)))
+
+    def undecided(bench: Bench, name: str) -> bool:
+        return _undecided(estimate(bench.ratios(name), spec.confidence), bench.batch_size, bench.provider, spec)
+
+    def more(bench: Bench, round_: int, names: list[str]) -> None:
+        progress(f"throughput › {bench.provider} batch {bench.batch_size}: more rounds for {', '.join(names)} "
+                 f"(round {round_})")
+
     for provider in spec.providers:
         progress(f"throughput › {provider}: sessions and thread choice for {', '.join(models)}")
         sessions = {name: tuned_session(path, provider, sample, subject.layout) for name, path in models.items()}
         for size in spec.batch_sizes:
             progress(f"throughput › {provider} batch {size}: {', '.join(models)}")
-            bench = Bench(provider, size, {name: {} for name in models})
-            meter = LoadMeter()
-            active = list(models)
-            for round_ in range(most_rounds):
-                shift = round_ % len(active)
-                for name in active[shift:] + active[:shift]:
-                    warmup = spec.warmup_s if round_ == 0 else min(spec.warmup_s, SLICE_WARMUP_S)
-                    bench.slices[name][round_] = measure(models[name], sample, size, provider, slice_s, warmup,
-                                                         session=sessions[name], layout=subject.layout)
-                if round_ + 1 < ROUNDS:
-                    continue
-                undecided = [name for name in active if name != "baseline"
-                             and _undecided(estimate(bench.ratios(name), spec.confidence), size, provider, spec)]
-                if not undecided:
-                    break
-                if round_ + 1 < most_rounds:
-                    progress(f"throughput › {provider} batch {size}: more rounds for {', '.join(undecided)} "
-                             f"(round {round_ + 2})")
-                active = ["baseline", *undecided]
-            bench.load = meter.read()
-            benches.append(bench)
+            benches.append(interleave(Bench(provider, size, {name: {} for name in models}), sessions, models, sample,
+                                      subject.layout, timing, undecided, more))
     return benches
 
 

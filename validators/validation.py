@@ -24,9 +24,10 @@ from temper.validators.evaluate import predict
 from temper.validators.fidelity import compare_outputs, fidelity_gates
 from temper.validators.gates import Gate, Verdict, at_most, select
 from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
+from temper.validators.session_search import Plan, Records, sessions_for
 from temper.validators.spec import ThroughputSpec, ValidateSpec
 from temper.validators.speedup import Speedup, estimate
-from temper.validators.throughput import Measurement, batch_of, session_for, tuned_session
+from temper.validators.throughput import Measurement, batch_of, session_for
 from temper.validators.truth import truth_gates
 
 
@@ -60,6 +61,7 @@ class Subject:
     preset: dict[str, str | None] | None = None  # what quantize's preset auto resolved to: target, preset, reason
     tunings: dict[str, dict[str, Any]] = field(default_factory=dict)  # candidate -> its quantize fallback record
     layout: Layout = AXIS0  # batch axes and constants every batch is formed with
+    records: Records | None = None  # where session settings searches are kept between runs (the pipeline's cache)
 
 
 @dataclass
@@ -84,6 +86,7 @@ class Validation:
     candidates: list[CandidateResult]
     selected: str  # a candidate, or "baseline" when none passed or none that passed beat it
     reason: str | None  # why the baseline was selected
+    session_searches: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # model -> one per provider
 
     @property
     def passed(self) -> bool:
@@ -111,7 +114,8 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
                                 subject.calibration, subject.eval_batch_size, subject.base, subject.recipe_file,
                                 subject.layout)
 
-    benches = _bench_all(subject, {"baseline": subject.baseline, **built}, sample, progress)
+    searches: dict[str, list[dict[str, Any]]] = {}
+    benches = _bench_all(subject, {"baseline": subject.baseline, **built}, sample, host, searches, progress)
     results = []
     for name, path in subject.candidates.items():
         result = CandidateResult(Verdict(name))
@@ -141,7 +145,7 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
     reason = None if selected else why_baseline(results, host, subject.precisions, subject.rule, spec, base_bytes)
     return Validation(subject, host, ref.metric.name if ref else None, ref.value if ref else None,
                       ref.allowed if ref else None, [bench.figure("baseline") for bench in benches], results,
-                      selected or "baseline", reason)
+                      selected or "baseline", reason, searches)
 
 
 def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[str, np.ndarray]) -> None:
@@ -159,10 +163,12 @@ def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[
                                   f"{name}: {exc}") from None
 
 
-def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.ndarray],
-               progress: Progress) -> list[Bench]:
+def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.ndarray], host: HostProfile,
+               searches: dict[str, list[dict[str, Any]]], progress: Progress) -> list[Bench]:
     """Throughput of every model, side by side (validators/rounds.py): for each provider and batch size the
-    models take turns in slices of duration_s / ROUNDS on sessions created once. After ROUNDS rounds, the
+    models take turns in slices of duration_s / ROUNDS on sessions created once, each model's session
+    searched first with validate.throughput.session_search (its records into `searches`), else with the
+    thread choice serving makes (validators/session_search.py's sessions_for). After ROUNDS rounds, the
     baseline and the candidates still undecided (a speed gate, or at the ranking size whether they beat
     the baseline at all) go on, round by round, until each is decided or has been timed for the recipe's
     budget."""
@@ -181,8 +187,12 @@ def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.n
                  f"(round {round_})")
 
     for provider in spec.providers:
-        progress(f"throughput › {provider}: sessions and thread choice for {', '.join(models)}")
-        sessions = {name: tuned_session(path, provider, sample, subject.layout) for name, path in models.items()}
+        progress(f"throughput › {provider}: sessions for {', '.join(models)}")
+        plan = Plan(provider, spec.batch_sizes, spec.confidence, spec.session_search_s, spec.warmup_s, host)
+        sessions, found = sessions_for(models, plan, spec.session_search, sample, subject.layout, subject.records,
+                                       progress)
+        for name, record in found.items():
+            searches.setdefault(name, []).append(record)
         for size in spec.batch_sizes:
             progress(f"throughput › {provider} batch {size}: {', '.join(models)}")
             benches.append(interleave(Bench(provider, size, {name: {} for name in models}), sessions, models, sample,
@@ -319,6 +329,8 @@ def build_report(validation: Validation) -> report_model.Report:
                     for c in validation.candidates},
         searches={name: report_model.Search(trials=s.trials, combinations=s.combinations)
                   for name, s in subject.searches.items()},
+        session_searches={name: [report_model.SessionSearch.model_validate(r) for r in records]
+                          for name, records in validation.session_searches.items()},
         select=subject.rule,
         selected=validation.selected,
         selection_reason=validation.reason,

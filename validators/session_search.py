@@ -138,8 +138,8 @@ def search(path: Path, plan: Plan, sample: dict[str, np.ndarray], layout: Layout
     stored = records.get(parts) if records is not None else None
     if stored is not None:
         progress(f"session search › {name} on {plan.provider}: {stored['kept']} (cached)")
-        kept = type(default).model_validate(stored["settings"])
-        return Found(session_for(path, plan.provider, kept), {**stored, "cached": True})
+        stored_settings = type(default).model_validate(stored["settings"])
+        return Found(session_for(path, plan.provider, stored_settings), {**stored, "cached": True})
     began = time.perf_counter()
     settings = {DEFAULT: default, **{row.name: row.apply(default) for row in rows}}
     progress(f"session search › {name} on {plan.provider}: {', '.join(settings)}")

@@ -184,9 +184,9 @@ def _session_section(report: Report) -> list[str]:
              "| model | provider | setting | changes | verdict | speedup by batch |", "|---|---|---|---|---|---|"]
     for name, searches in report.session_searches.items():
         for search in searches:
-            cached = ", cached" if search.cached else ""
+            took = f"search took {search.seconds:.1f} s" + (" (cached: reused)" if search.cached else "")
             lines.append(f"| {name} | {search.provider} | default | — | "
-                         f"{'kept' if search.kept == 'default' else '—'} | {search.seconds:.1f} s{cached} |")
+                         f"{'kept' if search.kept == 'default' else '—'} | {took} |")
             for trial in search.trials:
                 ups = "; ".join(f"b{u.batch_size} {u.speedup:.2f}x" + (
                     f" [{u.interval[0]:.2f}, {u.interval[1]:.2f}]" if u.interval else "") for u in trial.speedups)

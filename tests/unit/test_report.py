@@ -55,7 +55,7 @@ def test_candidate_table_rows():
 def test_session_settings_section_shows_each_row_its_verdict_and_intervals():
     lines = markdown(sample_report()).splitlines()
     section = lines[lines.index("## Session settings"):]
-    assert "| baseline | cpu | default | — | — | 5.2 s |" in section
+    assert "| baseline | cpu | default | — | — | search took 5.2 s |" in section
     assert "| baseline | cpu | one-thread | intra_op_threads: 1 | kept | b8 1.40x [1.20, 1.60] |" in section
     assert "| baseline | cpu | extended | graph_optimization: extended | slower | b8 0.50x [0.40, 0.60] |" in section
 

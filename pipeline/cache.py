@@ -104,6 +104,43 @@ class StepCache:
         return folder / MODEL_FILE
 
 
+class RecordStore:
+    """JSON records keyed like steps, for results that are measurements rather than models: the session
+    settings search (validators/session_search.py) keeps one per model, host and settings table, so a
+    second run on the same host reuses it. Lives beside the step folders (`records/` under the cache
+    root); with `enabled` False (--no-cache) nothing is read and every result replaces the stored one.
+    """
+
+    def __init__(self, root: Path, enabled: bool = True) -> None:
+        self.root, self.enabled = Path(root).expanduser().resolve(), enabled
+
+    def _file(self, parts: dict[str, Any]) -> Path:
+        key = key_of(parts=parts, libraries=library_versions())
+        return self.root / key[:2] / f"{key}.json"
+
+    def get(self, parts: dict[str, Any]) -> dict[str, Any] | None:
+        if not self.enabled:
+            return None
+        try:
+            return json.loads(self._file(parts).read_text())
+        except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):  # none, or not a whole record
+            return None
+
+    def put(self, parts: dict[str, Any], record: dict[str, Any]) -> None:
+        """Store `record` atomically (written aside, then renamed over), under the key's file lock."""
+        path = self._file(parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(path.parent / f"{path.name}.lock", is_singleton=True):
+            staging = _unused_name(path.parent, ".incoming-")
+            staging.write_text(json.dumps(record, indent=2))
+            os.replace(staging, path)
+
+    @classmethod
+    def beside(cls, steps: StepCache) -> RecordStore:
+        """The store of a step cache: the same root and the same --no-cache."""
+        return cls(steps.root / "records", steps.enabled)
+
+
 def _unused_name(parent: Path, prefix: str) -> Path:
     """A fresh path in `parent` that nothing occupies, for a folder to be renamed or moved to."""
     path = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))

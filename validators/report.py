@@ -88,6 +88,7 @@ def markdown(report: Readable) -> str:
             lines.append(f"| {name} | {m.provider} | {m.batch_size} | {m.samples_per_s:,.0f} | "
                          f"{speedup} | {m.rounds} | {spread} | {m.latency_ms.p50:.3f} | "
                          f"{m.latency_ms.p99:.3f} | {shown} |")
+    lines += _session_section(report)
     for name in report.searches:
         lines += _search_section(name, report)
     for name, c in report.candidates.items():
@@ -170,6 +171,27 @@ def _fidelity_section(report: Report) -> list[str]:
         where = f.name if part is None else f"{f.name}: {part.output}[axis {part.axis}: {part.start}:{part.stop}]"
         lines.append(f"| {name} | {where} | {f.cosine:.6f} | {f.rel_l2:.4g} | {f.max_abs:.4g} | {f.mean_abs:.4g} | "
                      f"{f.p99_abs:.4g} | {f.nonfinite} |")
+    return lines
+
+
+def _session_section(report: Report) -> list[str]:
+    """validate.throughput.session_search: each model's rows against its default settings, and what was kept."""
+    if not report.session_searches:
+        return []
+    lines = ["", "## Session settings", "",
+             "Each setting timed against the default in paired rounds (speedup [interval] by batch size); kept "
+             "only when faster on its interval at the largest batch size and slower at none.", "",
+             "| model | provider | setting | changes | verdict | speedup by batch |", "|---|---|---|---|---|---|"]
+    for name, searches in report.session_searches.items():
+        for search in searches:
+            took = f"search took {search.seconds:.1f} s" + (" (cached: reused)" if search.cached else "")
+            lines.append(f"| {name} | {search.provider} | default | — | "
+                         f"{'kept' if search.kept == 'default' else '—'} | {took} |")
+            for trial in search.trials:
+                ups = "; ".join(f"b{u.batch_size} {u.speedup:.2f}x" + (
+                    f" [{u.interval[0]:.2f}, {u.interval[1]:.2f}]" if u.interval else "") for u in trial.speedups)
+                changes = ", ".join(f"{k}: {v}" for k, v in trial.changes.items())
+                lines.append(f"| {name} | {search.provider} | {trial.name} | {changes} | {trial.verdict} | {ups} |")
     return lines
 
 

@@ -255,6 +255,44 @@ class Search(_Model):
     combinations: int = Field(ge=1)
 
 
+class SettingSpeedup(_Model):
+    """A setting's speedup over the default settings at one batch size (paired rounds, as the speed gates)."""
+
+    batch_size: int = Field(ge=1)
+    speedup: float = Field(gt=0, description="geometric mean of the paired per-round ratios")
+    interval: Interval | None = Field(description="its confidence interval (null below two rounds)")
+    rounds: int = Field(ge=1)
+
+
+class SettingTrial(_Model):
+    """One row of the session settings table, timed against the default."""
+
+    name: str = Field(description='the row: "one-thread", "spinning", "extended", ...')
+    changes: dict[str, Any] = Field(description="what it changes in the default settings")
+    settings: dict[str, Any] = Field(description="the whole settings it ran with")
+    verdict: Literal["kept", "faster", "not faster", "slower"] = Field(
+        description="kept: the fastest of the faster; faster: interval above 1.0 at the ranking batch size and "
+                    "below 1.0 at none; slower: interval below 1.0 at some batch size; not faster: neither")
+    speedups: list[SettingSpeedup]
+
+
+class SessionSearch(_Model):
+    """validate.throughput.session_search for one model on one provider (validators/session_search.py): the
+    settings it was then gated with, and would serve with, and the evidence."""
+
+    provider: Provider
+    default: dict[str, Any] = Field(description="the settings every row was compared with")
+    kept: str = Field(description='"default", or the row whose settings were kept')
+    settings: dict[str, Any] = Field(description="the kept settings: what the model's figures were measured with")
+    ranking_batch_size: int = Field(ge=1, description="where a row must be faster on its interval to be kept")
+    confidence: float = Field(gt=0, lt=1)
+    budget_s: float = Field(gt=0, description="validate.throughput.session_search_s: timed seconds at most")
+    seconds: float = Field(ge=0, description="the search's wall time when it ran (a cached one: the original's)")
+    cached: bool = Field(description="reused from an earlier run's search of the same model on this host")
+    load: Load | None = Field(description="what else ran during the search's last batch size")
+    trials: list[SettingTrial]
+
+
 class NotBuilt(_Model):
     """A candidate that did not build, and why (its `build` gate failed with the same reason)."""
 
@@ -283,6 +321,9 @@ class Report(_Model):
         default_factory=dict, description="the candidates that did not build, and why (also their build gates)")
     searches: dict[str, Search] = Field(
         description="candidates whose options listed alternatives: the combinations built")
+    session_searches: dict[str, list[SessionSearch]] = Field(
+        default_factory=dict, description="validate.throughput.session_search: per model (baseline or candidate), "
+                                          "one search per provider that has settings to try")
     select: Literal["fastest-passing", "smallest-passing"]
     selected: str = Field(description="the selected candidate, or baseline when no candidate passed")
     selection_reason: str | None = Field(description="why the baseline was selected (null when a candidate was): no "

@@ -151,6 +151,14 @@ class ThroughputSpec(Strict):
                     "straddles min_speedup, or 1.0 at the ranking batch size (default: 3 x duration_s)")
     inconclusive: Literal["fail", "pass"] = Field(
         "fail", description="what a speed gate still undecided at max_duration_s counts as")
+    session_search: bool = Field(
+        False, description="before the gates, try each model's few session settings that matter on each provider "
+                           "(validators/session_search.py) and keep one only where its speedup interval over the "
+                           "default lies above 1.0; cached per model and host")
+    session_search_s: float = Field(
+        4.0, gt=0, allow_inf_nan=False,
+        description="timed seconds of the session settings search per model and provider at most, every setting "
+                    "and batch size together (building sessions and warm-up come on top)")
 
     @model_validator(mode="after")
     def _gated_sizes(self) -> ThroughputSpec:
@@ -168,6 +176,9 @@ class ThroughputSpec(Strict):
             raise ValueError(f"speedup_at {stray[0]} is not one of the measured batch_sizes {self.batch_sizes}")
         if self.speedup_at is not None and self.min_speedup is None:
             raise ValueError("speedup_at needs min_speedup")
+        if "session_search_s" in self.model_fields_set and not self.session_search:
+            raise ValueError("session_search_s is the session settings search's budget, and there is no search: "
+                             "add session_search: true or remove session_search_s")
         if self.max_duration_s is not None and self.max_duration_s < self.duration_s:
             raise ValueError(f"max_duration_s {self.max_duration_s:g} is less than duration_s {self.duration_s:g}: "
                              "it is the most a model is timed, the first duration_s included")

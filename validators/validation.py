@@ -7,7 +7,7 @@ take, a missing provider) are raised before anything slow runs.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import RecipeError
-from temper.artifacts.host import HostProfile, Load, LoadMeter, profile
+from temper.artifacts.host import HostProfile, profile
 from temper.artifacts.layout import AXIS0, Layout
 from temper.calibration.sources import Dataset
 from temper.validators import report_model, scoring
@@ -23,9 +23,11 @@ from temper.validators.census import Census, of_file
 from temper.validators.evaluate import predict
 from temper.validators.fidelity import compare_outputs, fidelity_gates
 from temper.validators.gates import Gate, Verdict, at_most, select
+from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
+from temper.validators.session_search import Plan, Records, sessions_for
 from temper.validators.spec import ThroughputSpec, ValidateSpec
 from temper.validators.speedup import Speedup, estimate
-from temper.validators.throughput import Measurement, batch_of, measure, session_for, tuned_session
+from temper.validators.throughput import Measurement, batch_of, session_for
 from temper.validators.truth import truth_gates
 
 
@@ -59,6 +61,7 @@ class Subject:
     preset: dict[str, str | None] | None = None  # what quantize's preset auto resolved to: target, preset, reason
     tunings: dict[str, dict[str, Any]] = field(default_factory=dict)  # candidate -> its quantize fallback record
     layout: Layout = AXIS0  # batch axes and constants every batch is formed with
+    records: Records | None = None  # where session settings searches are kept between runs (the pipeline's cache)
 
 
 @dataclass
@@ -83,6 +86,7 @@ class Validation:
     candidates: list[CandidateResult]
     selected: str  # a candidate, or "baseline" when none passed or none that passed beat it
     reason: str | None  # why the baseline was selected
+    session_searches: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # model -> one per provider
 
     @property
     def passed(self) -> bool:
@@ -110,7 +114,8 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
                                 subject.calibration, subject.eval_batch_size, subject.base, subject.recipe_file,
                                 subject.layout)
 
-    benches = _bench_all(subject, {"baseline": subject.baseline, **built}, sample, progress)
+    searches: dict[str, list[dict[str, Any]]] = {}
+    benches = _bench_all(subject, {"baseline": subject.baseline, **built}, sample, host, searches, progress)
     results = []
     for name, path in subject.candidates.items():
         result = CandidateResult(Verdict(name))
@@ -140,7 +145,7 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
     reason = None if selected else why_baseline(results, host, subject.precisions, subject.rule, spec, base_bytes)
     return Validation(subject, host, ref.metric.name if ref else None, ref.value if ref else None,
                       ref.allowed if ref else None, [bench.figure("baseline") for bench in benches], results,
-                      selected or "baseline", reason)
+                      selected or "baseline", reason, searches)
 
 
 def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[str, np.ndarray]) -> None:
@@ -158,72 +163,40 @@ def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[
                                   f"{name}: {exc}") from None
 
 
-ROUNDS = 5  # rounds every model gets; more only while a speed gate is undecided
-SLICE_WARMUP_S = 0.05  # later slices reuse a warm session: a few calls re-fill the caches
-
-
-@dataclass
-class Bench:
-    """One provider and batch size: every model's slices by round, and what else ran meanwhile."""
-
-    provider: str
-    batch_size: int
-    slices: dict[str, dict[int, Measurement]]  # model -> round -> slice
-    load: Load | None = None
-
-    def ratios(self, name: str) -> list[float]:
-        """Paired per-round ratios: the candidate's slice over the baseline's slice of the same round."""
-        base = self.slices["baseline"]
-        return [m.samples_per_s / base[r].samples_per_s for r, m in self.slices[name].items() if r in base]
-
-    def figure(self, name: str) -> Measurement:
-        """The model's median slice, carrying the round count, the spread and the load."""
-        taken = sorted(self.slices[name].values(), key=lambda m: m.samples_per_s)
-        median = taken[len(taken) // 2]
-        spread = 100 * (taken[-1].samples_per_s - taken[0].samples_per_s) / median.samples_per_s
-        return replace(median, rounds=len(taken), spread_pct=round(spread, 2),
-                       load=self.load.as_dict() if self.load else None)
-
-
-def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.ndarray],
-               progress: Progress) -> list[Bench]:
-    """Throughput of every model, side by side: for each provider and batch size the models take turns
-    in slices of duration_s / ROUNDS on sessions created once, in an order that rotates every round.
-    After ROUNDS rounds, the baseline and the candidates still undecided (a speed gate, or at the ranking
-    size whether they beat the baseline at all) go on, round by round, until each is decided or has been
-    timed for the recipe's budget."""
+def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.ndarray], host: HostProfile,
+               searches: dict[str, list[dict[str, Any]]], progress: Progress) -> list[Bench]:
+    """Throughput of every model, side by side (validators/rounds.py): for each provider and batch size the
+    models take turns in slices of duration_s / ROUNDS on sessions created once, each model's session
+    searched first with validate.throughput.session_search (its records into `searches`), else with the
+    thread choice serving makes (validators/session_search.py's sessions_for). After ROUNDS rounds, the
+    baseline and the candidates still undecided (a speed gate, or at the ranking size whether they beat
+    the baseline at all) go on, round by round, until each is decided or has been timed for the recipe's
+    budget."""
     spec = subject.spec.throughput
     if spec is None:
         return []
     benches = []
     slice_s = spec.duration_s / ROUNDS
-    most_rounds = max(ROUNDS, round(spec.budget_s / slice_s))
+    timing = Timing(slice_s, spec.warmup_s, max(ROUNDS, round(spec.budget_s / slice_s)))
+
+    def undecided(bench: Bench, name: str) -> bool:
+        return _undecided(estimate(bench.ratios(name), spec.confidence), bench.batch_size, bench.provider, spec)
+
+    def more(bench: Bench, round_: int, names: list[str]) -> None:
+        progress(f"throughput › {bench.provider} batch {bench.batch_size}: more rounds for {', '.join(names)} "
+                 f"(round {round_})")
+
     for provider in spec.providers:
-        progress(f"throughput › {provider}: sessions and thread choice for {', '.join(models)}")
-        sessions = {name: tuned_session(path, provider, sample, subject.layout) for name, path in models.items()}
+        progress(f"throughput › {provider}: sessions for {', '.join(models)}")
+        plan = Plan(provider, spec.batch_sizes, spec.confidence, spec.session_search_s, spec.warmup_s, host)
+        sessions, found = sessions_for(models, plan, spec.session_search, sample, subject.layout, subject.records,
+                                       progress)
+        for name, record in found.items():
+            searches.setdefault(name, []).append(record)
         for size in spec.batch_sizes:
             progress(f"throughput › {provider} batch {size}: {', '.join(models)}")
-            bench = Bench(provider, size, {name: {} for name in models})
-            meter = LoadMeter()
-            active = list(models)
-            for round_ in range(most_rounds):
-                shift = round_ % len(active)
-                for name in active[shift:] + active[:shift]:
-                    warmup = spec.warmup_s if round_ == 0 else min(spec.warmup_s, SLICE_WARMUP_S)
-                    bench.slices[name][round_] = measure(models[name], sample, size, provider, slice_s, warmup,
-                                                         session=sessions[name], layout=subject.layout)
-                if round_ + 1 < ROUNDS:
-                    continue
-                undecided = [name for name in active if name != "baseline"
-                             and _undecided(estimate(bench.ratios(name), spec.confidence), size, provider, spec)]
-                if not undecided:
-                    break
-                if round_ + 1 < most_rounds:
-                    progress(f"throughput › {provider} batch {size}: more rounds for {', '.join(undecided)} "
-                             f"(round {round_ + 2})")
-                active = ["baseline", *undecided]
-            bench.load = meter.read()
-            benches.append(bench)
+            benches.append(interleave(Bench(provider, size, {name: {} for name in models}), sessions, models, sample,
+                                      subject.layout, timing, undecided, more))
     return benches
 
 
@@ -356,6 +329,8 @@ def build_report(validation: Validation) -> report_model.Report:
                     for c in validation.candidates},
         searches={name: report_model.Search(trials=s.trials, combinations=s.combinations)
                   for name, s in subject.searches.items()},
+        session_searches={name: [report_model.SessionSearch.model_validate(r) for r in records]
+                          for name, records in validation.session_searches.items()},
         select=subject.rule,
         selected=validation.selected,
         selection_reason=validation.reason,

@@ -133,3 +133,35 @@ def test_the_settings_a_gate_measured_are_what_runtime_json_records_and_a_runtim
     folder, config = servable(out)
     assert config is not None and config.session == measured
     assert settings_of(started(Runtime(folder, config=config))._session) == measured
+
+
+def test_a_searched_session_is_what_the_gates_measure_what_a_second_run_reuses_and_what_serves(
+        temper, tmp_path: Path, started) -> None:
+    """validate.throughput.session_search end to end: `temper run` searches each model's settings, measures
+    it with the kept ones and records the search; a second run on this host reuses each record instead of
+    searching again; the served session runs the selected model's kept settings, read back from it."""
+    from temper.pipeline.outputs import servable
+
+    data = _recipe(tmp_path, {"accuracy": {"metric": "top1", "max_drop": 0.5},
+                              "throughput": _fast(session_search=True, session_search_s=0.6)})
+    recipe = _write(tmp_path, data)
+    reports = []
+    for out in (tmp_path / "first", tmp_path / "second"):
+        result = temper("run", recipe, "--output", out)
+        assert result.code == 0, result.stderr
+        reports.append(read_report(out))
+    first, second = reports
+    assert set(first["session_searches"]) == {"baseline", "fp16"}
+    for name, (record,) in first["session_searches"].items():
+        assert not record["cached"]
+        (again,) = second["session_searches"][name]
+        assert again["cached"] and again["trials"] == record["trials"] and again["seconds"] == record["seconds"]
+        figures = (first["baseline"] if name == "baseline" else first["candidates"][name])["throughput"]
+        assert all(m["session"] == record["settings"] for m in figures), name
+
+    selected = second["selected"]
+    kept = SessionSettings.model_validate(second["session_searches"][selected][0]["settings"])
+    folder, config = servable(tmp_path / "second")
+    assert config is not None and config.session == kept
+    runtime = started(Runtime(folder, config=config))
+    assert settings_of(runtime._session) == kept

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import platformdirs
 
-from temper.pipeline.cache import StepCache, default_root, key_of
+from temper.pipeline.cache import RecordStore, StepCache, default_root, key_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -122,3 +122,26 @@ def test_two_processes_putting_one_key_never_corrupt_it(tmp_path):
     assert path.read_bytes() == tag * 4096 and (path.parent / "model.onnx.data").read_bytes() == tag * 16384
     assert sorted(p.name for p in path.parent.iterdir()) == ["meta.json", "model.onnx", "model.onnx.data"]
     assert not [p for p in path.parent.parent.iterdir() if p.name.startswith((".incoming-", ".outgoing-"))]
+
+
+def test_a_record_reads_back_under_the_same_parts_only(tmp_path):
+    records = RecordStore(tmp_path / "records")
+    parts = {"model": "abc", "host": {"cpu": "x", "cores": 2}, "budget_s": 4.0}
+    assert records.get(parts) is None
+    records.put(parts, {"kept": "one-thread"})
+    assert records.get({"budget_s": 4.0, "host": {"cores": 2, "cpu": "x"}, "model": "abc"}) == {"kept": "one-thread"}
+    assert records.get({**parts, "host": {"cpu": "x", "cores": 4}}) is None  # another host is another search
+    records.put(parts, {"kept": "default"})  # a refresh replaces the record whole
+    assert records.get(parts) == {"kept": "default"}
+    assert [p.name for p in (tmp_path / "records").rglob("*") if p.is_file() and p.suffix == ".json"] == [
+        next((tmp_path / "records").rglob("*.json")).name]  # nothing staged left behind
+
+
+def test_disabled_records_miss_but_still_refresh(tmp_path):
+    """--no-cache searches again and stores what it found, as steps rebuild and refresh."""
+    steps = StepCache(tmp_path, enabled=False)
+    records = RecordStore.beside(steps)
+    assert records.root == (tmp_path / "records").resolve()
+    records.put({"k": 1}, {"kept": "spinning"})
+    assert records.get({"k": 1}) is None
+    assert RecordStore.beside(StepCache(tmp_path)).get({"k": 1}) == {"kept": "spinning"}

@@ -40,6 +40,22 @@ CENSUS = {"eligible": 3, "quantized": 3, "fp16": 0, "fp32": 0, "in_subgraphs": 0
                                   "MatMul": {"quantized": 1, "fp16": 0, "fp32": 0}}}
 
 
+DEFAULT_SETTINGS = {"intra_op_threads": 2, "spinning": False, "graph_optimization": "all"}
+SESSION_SEARCH = {  # the baseline searched on cpu: one thread faster on its interval, extended slower at batch 1
+    "provider": "cpu", "default": DEFAULT_SETTINGS, "kept": "one-thread",
+    "settings": {**DEFAULT_SETTINGS, "intra_op_threads": 1}, "ranking_batch_size": 8, "confidence": 0.95,
+    "budget_s": 4.0, "seconds": 5.2, "cached": False, "load": {"load_1m": 1.2, "steal_pct": 0.0, "busy_pct": 99.0},
+    "trials": [
+        {"name": "one-thread", "changes": {"intra_op_threads": 1},
+         "settings": {**DEFAULT_SETTINGS, "intra_op_threads": 1}, "verdict": "kept",
+         "speedups": [{"batch_size": 8, "speedup": 1.4, "interval": [1.2, 1.6], "rounds": 5}]},
+        {"name": "extended", "changes": {"graph_optimization": "extended"},
+         "settings": {**DEFAULT_SETTINGS, "graph_optimization": "extended"}, "verdict": "slower",
+         "speedups": [{"batch_size": 8, "speedup": 0.5, "interval": [0.4, 0.6], "rounds": 5}]},
+    ],
+}
+
+
 def sample_report() -> dict[str, Any]:
     """Two candidates, neither passing: int8's speed gate is inconclusive, fp16 misses accuracy."""
     fidelity = {"name": "logits", "slice": None, "max_abs": 0.0123456, "mean_abs": 0.001, "p99_abs": 0.01,
@@ -67,6 +83,7 @@ def sample_report() -> dict[str, Any]:
         },
         "not_built": {},
         "select": "fastest-passing", "selected": "baseline", "passed": False, "searches": {},
+        "session_searches": {"baseline": [SESSION_SEARCH]},
         "host": {"cpu": "Test CPU 9000", "arch": "x86_64", "features": ["avx512_vnni", "avx2"], "features_known": True,
                  "usable_cores": 2, "logical_cpus": 4, "memory_gib": 7.5, "onnxruntime": "1.32.0",
                  "providers": ["CPUExecutionProvider"], "gpus": [{"name": "Test GPU", "compute_capability": "9.0"}]},

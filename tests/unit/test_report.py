@@ -52,6 +52,20 @@ def test_candidate_table_rows():
     assert "| fp16 | FAIL | 24 KiB | 0.9000 | +0.0500 (max 0.0200) | accuracy |" in lines
 
 
+def test_session_settings_section_shows_each_row_its_verdict_and_intervals():
+    lines = markdown(sample_report()).splitlines()
+    section = lines[lines.index("## Session settings"):]
+    assert "| baseline | cpu | default | — | — | search took 5.2 s |" in section
+    assert "| baseline | cpu | one-thread | intra_op_threads: 1 | kept | b8 1.40x [1.20, 1.60] |" in section
+    assert "| baseline | cpu | extended | graph_optimization: extended | slower | b8 0.50x [0.40, 0.60] |" in section
+
+
+def test_no_session_settings_section_without_a_search():
+    report = sample_report()
+    report["session_searches"] = {}
+    assert "## Session settings" not in markdown(report)
+
+
 def test_inconclusive_speed_gate_shows_its_interval():
     lines = markdown(sample_report()).splitlines()
     assert f"- `int8` throughput.cpu.b8: {INCONCLUSIVE}" in lines

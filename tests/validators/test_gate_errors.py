@@ -283,3 +283,15 @@ def test_a_batch_size_or_provider_listed_twice(temper, tmp_path, key, values, tw
 def test_inconclusive_without_a_speed_gate(temper, tmp_path):
     data = _recipe(tmp_path, {"throughput": _fast(inconclusive="pass")})
     _run_is_bad_input(temper, tmp_path, data, "validate.throughput", "add min_speedup or remove inconclusive")
+
+
+def test_a_session_search_budget_without_a_search(temper, tmp_path):
+    data = _recipe(tmp_path, {"throughput": _fast(session_search_s=2)})
+    _run_is_bad_input(temper, tmp_path, data, "validate.throughput",
+                      "add session_search: true or remove session_search_s")
+
+
+@pytest.mark.parametrize("budget", [0, -1])
+def test_a_session_search_budget_that_is_not_positive(temper, tmp_path, budget):
+    data = _recipe(tmp_path, {"throughput": _fast(session_search=True, session_search_s=budget)})
+    _run_is_bad_input(temper, tmp_path, data, "validate.throughput.session_search_s", "greater than 0")

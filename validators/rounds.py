@@ -1,0 +1,85 @@
+"""Interleaved rounds: the timing loop behind every paired speed comparison temper makes.
+
+The speed gates (validators/validation.py) compare each candidate with the baseline, and the session
+settings search (validators/session_search.py) compares each setting with the default one, the same
+way: sessions built once, each model or setting timed in slices that take turns in an order rotating
+every round, so a burst of load hits all alike; the round's ratio to the reference is one paired
+observation for validators/speedup.py's interval. After ROUNDS rounds, only the reference and those
+still undecided go on, round by round, up to a bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from temper.artifacts.host import Load, LoadMeter
+from temper.artifacts.layout import Layout
+from temper.validators.throughput import Measurement, measure
+
+ROUNDS = 5  # rounds every model gets; more only while a comparison is undecided
+SLICE_WARMUP_S = 0.05  # later slices reuse a warm session: a few calls re-fill the caches
+
+
+@dataclass
+class Bench:
+    """One provider and batch size: every model's slices by round, and what else ran meanwhile."""
+
+    provider: str
+    batch_size: int
+    slices: dict[str, dict[int, Measurement]]  # model -> round -> slice
+    load: Load | None = None
+    reference: str = "baseline"  # what every ratio is taken over
+
+    def ratios(self, name: str) -> list[float]:
+        """Paired per-round ratios: `name`'s slice over the reference's slice of the same round."""
+        base = self.slices[self.reference]
+        return [m.samples_per_s / base[r].samples_per_s for r, m in self.slices[name].items() if r in base]
+
+    def figure(self, name: str) -> Measurement:
+        """The model's median slice, carrying the round count, the spread and the load."""
+        taken = sorted(self.slices[name].values(), key=lambda m: m.samples_per_s)
+        median = taken[len(taken) // 2]
+        spread = 100 * (taken[-1].samples_per_s - taken[0].samples_per_s) / median.samples_per_s
+        return replace(median, rounds=len(taken), spread_pct=round(spread, 2),
+                       load=self.load.as_dict() if self.load else None)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How one bench is timed: the slice, the first slice's warm-up, and the most rounds."""
+
+    slice_s: float
+    warmup_s: float
+    most_rounds: int
+
+
+def interleave(bench: Bench, sessions: dict[str, ort.InferenceSession], paths: dict[str, Path],
+               sample: dict[str, np.ndarray], layout: Layout, timing: Timing,
+               undecided: Callable[[Bench, str], bool], more: Callable[[Bench, int, list[str]], None] = lambda *_: None,
+               ) -> Bench:
+    """Time every session of `sessions` (the reference first) in rotating rounds into `bench`: ROUNDS
+    rounds, then the reference and each `undecided(bench, name)` one, until none is or `most_rounds`
+    ran. `more(bench, next_round, names)` hears each extra round before it runs."""
+    meter = LoadMeter()
+    active = list(sessions)
+    for round_ in range(timing.most_rounds):
+        shift = round_ % len(active)
+        for name in active[shift:] + active[:shift]:
+            warmup = timing.warmup_s if round_ == 0 else min(timing.warmup_s, SLICE_WARMUP_S)
+            bench.slices[name][round_] = measure(paths[name], sample, bench.batch_size, bench.provider,
+                                                 timing.slice_s, warmup, session=sessions[name], layout=layout)
+        if round_ + 1 < ROUNDS:
+            continue
+        still = [name for name in active if name != bench.reference and undecided(bench, name)]
+        if not still:
+            break
+        if round_ + 1 < timing.most_rounds:
+            more(bench, round_ + 2, still)
+        active = [bench.reference, *still]
+    bench.load = meter.read()
+    return bench

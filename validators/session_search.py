@@ -1,0 +1,216 @@
+"""The session settings search: on each engine, the few settings that matter, tried once per model and
+host, kept only where the speed gates' own paired interval shows them faster than the default.
+
+Session settings move a model's speed as much as its precision does (intra-op spinning changed the
+same session's throughput 1.05-2.9x on a loaded 2-core host; onnxruntime#26992 reports ORT_ENABLE_ALL
+7x slower than ORT_ENABLE_EXTENDED on one CPU family), and no setting wins everywhere. So, with
+`validate.throughput.session_search`, each model is timed on its default settings and on each row of
+TABLE for the engine (one setting changed at a time), in the interleaved rounds of validators/rounds.py
+at every measured batch size. A row is kept when its speedup interval over the default
+(validators/speedup.py) lies above 1.0 at the ranking batch size (the largest, where selection
+ranks) and below 1.0 at none; of those, the fastest at the ranking size. Otherwise the default stays:
+a setting is never chosen on a point estimate, nor where its own interval says it is slower anywhere.
+
+The kept session is then the one the speed gates measure, report.json's figures record (read back from
+the session) and runtime.json serves: one session from search to server. The result is cached by the
+pipeline (a record keyed by the model's bytes, the host profile, the table and the budget), so a second
+run on the same host reuses it rather than searching again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol, TypeVar
+
+import numpy as np
+import onnxruntime as ort
+from pydantic import BaseModel
+
+from temper.artifacts.host import HostProfile
+from temper.artifacts.layout import Layout
+from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
+from temper.validators.speedup import Speedup, estimate
+from temper.validators.throughput import default_settings, session_for, tuned_session
+
+MOST_ROUNDS = 2 * ROUNDS  # ROUNDS for every setting, then as many again while one is undecided
+DEFAULT = "default"  # the name of the settings every row is compared with
+Verdict = Literal["kept", "faster", "not faster", "slower"]
+Settings = TypeVar("Settings", bound=BaseModel)  # an engine's settings model (artifacts.session.SessionSettings)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One setting to try: a name and the fields it changes in the engine's default settings."""
+
+    name: str
+    changes: dict[str, Any]
+
+    def apply(self, default: Settings) -> Settings:
+        """The default settings with this row's changes, validated as the engine's settings model."""
+        return type(default).model_validate({**default.model_dump(), **self.changes})
+
+
+# The settings tried per engine (a provider of artifacts/providers.py), each against the default alone.
+TABLE: dict[str, tuple[Row, ...]] = {
+    "cpu": (  # ONNX Runtime's CPU provider; default: all usable cores, spinning off, ORT_ENABLE_ALL
+        Row("one-thread", {"intra_op_threads": 1}),
+        Row("spinning", {"spinning": True}),
+        Row("extended", {"graph_optimization": "extended"}),
+    ),
+    # "openvino": rows go here with that engine's settings model (artifacts/openvino_session.py): its
+    # PERFORMANCE_HINT (LATENCY vs THROUGHPUT), NUM_STREAMS, and INFERENCE_PRECISION_HINT (f32 vs bf16: a
+    # precision in its own right, so a bf16 row must be gated and recorded as BF16, never as FP32).
+    # GPU providers have no rows: their sessions take no thread settings.
+}
+
+
+def rows_for(provider: str, default: BaseModel) -> tuple[Row, ...]:
+    """The rows of TABLE for `provider` that change something on this host (one thread is the default
+    on a one-core host)."""
+    return tuple(row for row in TABLE.get(provider, ()) if row.apply(default) != default)
+
+
+class Records(Protocol):
+    """Where search results are kept between runs (pipeline.cache.RecordStore): keyed by what they depend on."""
+
+    def get(self, parts: dict[str, Any]) -> dict[str, Any] | None: ...
+
+    def put(self, parts: dict[str, Any], record: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A row's speedup over the default at each batch size measured."""
+
+    row: Row
+    settings: dict[str, Any]
+    speedups: dict[int, Speedup]
+
+    def verdict(self, ranking: int) -> Verdict:
+        """slower: its interval lies below 1.0 at some batch size; faster: above 1.0 at the ranking size."""
+        if any(up.decide(1.0) == "fail" for up in self.speedups.values()):
+            return "slower"
+        return "faster" if self.speedups[ranking].decide(1.0) == "pass" else "not faster"
+
+
+def choose(trials: list[Trial], ranking: int) -> Trial | None:
+    """The fastest trial at the ranking batch size of those faster than the default there and slower at no
+    batch size; None: keep the default."""
+    faster = [t for t in trials if t.verdict(ranking) == "faster"]
+    return max(faster, key=lambda t: t.speedups[ranking].ratio, default=None)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a search measures, and what its result depends on."""
+
+    provider: str
+    batch_sizes: list[int]
+    confidence: float
+    budget_s: float
+    warmup_s: float
+    host: HostProfile
+
+
+@dataclass
+class Found:
+    session: ort.InferenceSession  # built from the kept settings
+    record: dict[str, Any]  # report_model.SessionSearch's fields
+
+
+Progress = Callable[[str], None]
+
+
+def search(path: Path, plan: Plan, sample: dict[str, np.ndarray], layout: Layout, name: str = "model",
+           rows: tuple[Row, ...] | None = None, records: Records | None = None,
+           progress: Progress = lambda _: None) -> Found:
+    """The session `path` runs fastest with on plan.provider, by the rule above (`rows`: TABLE's for the
+    provider). A record of `records` for the same model, host, rows and budget is reused, not searched again."""
+    default = default_settings()
+    rows = rows_for(plan.provider, default) if rows is None else rows
+    ranking = max(plan.batch_sizes)
+    parts = _key(path, plan, default, rows, sample)
+    stored = records.get(parts) if records is not None else None
+    if stored is not None:
+        progress(f"session search › {name} on {plan.provider}: {stored['kept']} (cached)")
+        stored_settings = type(default).model_validate(stored["settings"])
+        return Found(session_for(path, plan.provider, stored_settings), {**stored, "cached": True})
+    began = time.perf_counter()
+    settings = {DEFAULT: default, **{row.name: row.apply(default) for row in rows}}
+    progress(f"session search › {name} on {plan.provider}: {', '.join(settings)}")
+    sessions = {key: session_for(path, plan.provider, value) for key, value in settings.items()}
+    slice_s = plan.budget_s / (len(plan.batch_sizes) * len(sessions) * MOST_ROUNDS)
+    timing = Timing(slice_s, min(plan.warmup_s, slice_s), MOST_ROUNDS)
+    paths = dict.fromkeys(sessions, path)
+
+    def undecided(bench: Bench, key: str) -> bool:
+        return estimate(bench.ratios(key), plan.confidence).decide(1.0) == "undecided"
+
+    benches = [interleave(Bench(plan.provider, size, {key: {} for key in sessions}, reference=DEFAULT), sessions,
+                          paths, sample, layout, timing, undecided) for size in plan.batch_sizes]
+    trials = [Trial(row, settings[row.name].model_dump(),
+                    {b.batch_size: estimate(b.ratios(row.name), plan.confidence) for b in benches}) for row in rows]
+    best = choose(trials, ranking)
+    kept = DEFAULT if best is None else best.row.name
+    record = {
+        "provider": plan.provider, "default": default.model_dump(), "kept": kept,
+        "settings": settings[kept].model_dump(), "ranking_batch_size": ranking, "confidence": plan.confidence,
+        "budget_s": plan.budget_s, "seconds": round(time.perf_counter() - began, 3), "cached": False,
+        "load": benches[-1].load.as_dict() if benches[-1].load else None,
+        "trials": [_trial(t, ranking, t is best) for t in trials],
+    }
+    if records is not None:
+        records.put(parts, record)
+    progress(f"session search › {name} on {plan.provider}: kept {kept}")
+    return Found(sessions[kept], record)
+
+
+def sessions_for(models: dict[str, Path], plan: Plan, enabled: bool, sample: dict[str, np.ndarray], layout: Layout,
+                 records: Records | None, progress: Progress) -> tuple[dict[str, ort.InferenceSession],
+                                                                       dict[str, dict[str, Any]]]:
+    """The session each model is gated with on plan.provider, and each search's record: searched when
+    `enabled` and the engine has rows, else tuned_session's (the thread choice serving makes at start)."""
+    if not (enabled and rows_for(plan.provider, default_settings())):
+        return {name: tuned_session(path, plan.provider, sample, layout) for name, path in models.items()}, {}
+    found = {name: search(path, plan, sample, layout, name, records=records, progress=progress)
+             for name, path in models.items()}
+    return {name: f.session for name, f in found.items()}, {name: f.record for name, f in found.items()}
+
+
+def _trial(trial: Trial, ranking: int, kept: bool) -> dict[str, Any]:
+    return {"name": trial.row.name, "changes": trial.row.changes, "settings": trial.settings,
+            "verdict": "kept" if kept else trial.verdict(ranking),
+            "speedups": [{"batch_size": size, "speedup": up.ratio, "rounds": up.rounds,
+                          "interval": None if up.low is None or up.high is None else [up.low, up.high]}
+                         for size, up in trial.speedups.items()]}
+
+
+def _key(path: Path, plan: Plan, default: BaseModel, rows: tuple[Row, ...],
+         sample: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Everything a search's result depends on: the model's bytes, the data timed, the host, the rows, the rule."""
+    data = hashlib.sha256()
+    for key in sorted(sample):
+        array = np.ascontiguousarray(sample[key])
+        data.update(f"{key}{array.dtype}{array.shape}".encode())
+        data.update(array.tobytes())
+    return {"kind": "session-search", "model": _file_sha256(path), "data": data.hexdigest(),
+            "host": plan.host.model_dump(), "provider": plan.provider, "default": default.model_dump(),
+            "rows": [[row.name, json.dumps(row.changes, sort_keys=True)] for row in rows],
+            "batch_sizes": plan.batch_sizes, "confidence": plan.confidence, "budget_s": plan.budget_s,
+            "rounds": [ROUNDS, MOST_ROUNDS]}
+
+
+def _file_sha256(path: Path) -> str:
+    """The model's bytes with any external data beside it (a large model's weights)."""
+    digest = hashlib.sha256()
+    for item in sorted(path.parent.glob(path.name + "*")):
+        if item.is_file():
+            with item.open("rb") as file:
+                for block in iter(lambda: file.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()

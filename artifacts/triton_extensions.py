@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from temper.artifacts.protocol import VERSION
-from temper.artifacts.providers import PROVIDERS
+from temper.artifacts.providers import PROVIDERS, is_openvino
 from temper.artifacts.runtime import Runtime
-from temper.artifacts.triton import _model_config
+from temper.artifacts.triton import OPENVINO_BACKEND, _model_config
 
 PLATFORM = "onnxruntime_onnx"  # Triton's name for what runs the model
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics",  # what both servers' metadata list
@@ -24,6 +24,10 @@ def model_config(runtime: Runtime) -> dict[str, Any]:
     """Triton's model configuration (the JSON form of its ModelConfig), as `temper export-triton`
     writes it for this bundle, with the instance this server really runs."""
     kind = "KIND_GPU" if PROVIDERS[runtime.engine].gpu else "KIND_CPU"
+    if is_openvino(runtime.engine):
+        config = _model_config(runtime.config, OPENVINO_BACKEND, 1, kind)
+        config.pop("model_warmup", None)
+        return config
     config = _model_config(runtime.config, PLATFORM, 1, kind)
     config.pop("model_warmup", None)  # a repository setting; this server has warmed up already
     return {**config, "backend": "onnxruntime"}

@@ -45,11 +45,11 @@ def sample_report() -> dict[str, Any]:
     fidelity = {"name": "logits", "slice": None, "max_abs": 0.0123456, "mean_abs": 0.001, "p99_abs": 0.01,
                 "max_rel": 0.05, "rel_l2": 0.002, "cosine": 0.9999, "nonfinite": 0, "within_tolerance": False}
     report = {
-        "schema_version": 3, "recipe": "toy", "metric": "top1",
-        "baseline": {"metric": 0.95, "throughput": [measurement(4000.0)]},
+        "schema_version": 4, "recipe": "toy", "metric": "top1",
+        "baseline": {"metric": 0.95, "engine": "cpu", "throughput": [measurement(4000.0)]},
         "allowed_drop": 0.02,
         "candidates": {
-            "int8": {"passed": False, "bytes": 12 * 1024, "metric": 0.94, "drop": 0.01, "precision": "int8-static",
+            "int8": {"model": "int8", "engine": "cpu", "engine_precision": None, "passed": False, "bytes": 12 * 1024, "metric": 0.94, "drop": 0.01, "precision": "int8-static",
                      "intended_precision": "int8-static", "census": CENSUS,
                      "gates": [gate("accuracy", True, "top1 drop 0.01 <= 0.02"),
                                gate("throughput.cpu.b8", False, INCONCLUSIVE, "inconclusive", [0.9, 1.3], 1.1, 1.2,
@@ -57,7 +57,7 @@ def sample_report() -> dict[str, Any]:
                      "fidelity": [fidelity],
                      "throughput": [measurement(4400.0, speedup=1.1, speedup_interval=[0.9, 1.3])],
                      "tuning": None},
-            "fp16": {"passed": False, "bytes": 24 * 1024, "metric": 0.9, "drop": 0.05, "precision": "fp16",
+            "fp16": {"model": "fp16", "engine": "cpu", "engine_precision": None, "passed": False, "bytes": 24 * 1024, "metric": 0.9, "drop": 0.05, "precision": "fp16",
                      "intended_precision": "fp16",
                      "census": {**CENSUS, "quantized": 0, "fp16": 3, "dynamic": 0,
                                 "by_op": {"Conv": {"quantized": 0, "fp16": 2, "fp32": 0},
@@ -66,7 +66,8 @@ def sample_report() -> dict[str, Any]:
                      "fidelity": [{**fidelity, "cosine": 0.98}], "throughput": [], "tuning": None},
         },
         "not_built": {},
-        "select": "fastest-passing", "selected": "baseline", "passed": False, "searches": {},
+        "select": "fastest-passing", "selected": "baseline", "selected_engine": "cpu", "selected_pair": "baseline",
+        "passed": False, "searches": {},
         "host": {"cpu": "Test CPU 9000", "arch": "x86_64", "features": ["avx512_vnni", "avx2"], "features_known": True,
                  "usable_cores": 2, "logical_cpus": 4, "memory_gib": 7.5, "onnxruntime": "1.32.0",
                  "providers": ["CPUExecutionProvider"], "gpus": [{"name": "Test GPU", "compute_capability": "9.0"}]},

@@ -19,7 +19,7 @@ def test_baseline_selection_states_its_reason():
 
 def test_a_passing_report_names_its_selection():
     report = sample_report()
-    report.update(passed=True, selected="int8", selection_reason=None)
+    report.update(passed=True, selected="int8", selected_pair="int8", selection_reason=None)
     report["candidates"]["int8"]["passed"] = True
     jsonschema.validate(report, SCHEMA)
     assert "**passed** — selected `int8`" in markdown(report).splitlines()
@@ -77,7 +77,7 @@ def test_fidelity_table_lists_every_candidate_and_output():
 def test_no_metric_and_no_throughput_leave_their_columns_and_sections_out():
     report = copy.deepcopy(sample_report())
     report.update(metric=None, allowed_drop=None)
-    report["baseline"] = {"metric": None, "throughput": []}
+    report["baseline"] = {"metric": None, "engine": "cpu", "throughput": []}
     for c in report["candidates"].values():
         c.update(metric=None, drop=None, throughput=[])
     report["speed_policy"] = None

@@ -3,9 +3,10 @@
 A bundle selected on OpenVINO (runtime.json `engine`: openvino, openvino-bf16) runs on OpenVINO's
 CPU plugin with the settings the gates measured, precision checked on the compiled model
 (load_openvino). Otherwise the Runtime asks for one ONNX Runtime session on the best engine this
-host really runs (TensorRT, else CUDA, else CPU); how every session is built (threads, spinning, graph optimization, provider options)
-is artifacts/session.py's one definition. The thread choice (all usable cores or one, by a
-batch-1 timing) lives here so that the speed gates make it exactly as serving does.
+host really runs (TensorRT, else CUDA, else CPU); how every session is built (threads, spinning,
+graph optimization, provider options) is artifacts/session.py's one definition. The thread choice
+(all usable cores or one, by a batch-1 timing) lives here so that the speed gates make it exactly as
+serving does.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def choose_threads(model: Path, session: ort.InferenceSession, settings: Session
     return (sessions[1], one, times) if times[1] < times[0] else (session, settings, times)
 
 
-def median_runs_s(sessions: list[ort.InferenceSession] | list[OpenVinoSession], inputs: dict[str, np.ndarray]) -> list[float]:
+def median_runs_s(sessions: list[ort.InferenceSession] | list[OpenVinoSession],
+                  inputs: dict[str, np.ndarray]) -> list[float]:
     """Median seconds per run of `inputs` on each session, runs interleaved so that noise
     from other processes hits every session alike. One untimed run each first."""
     for session in sessions:

@@ -150,7 +150,7 @@ def settings_of(compiled: Any) -> OpenVinoSettings:
     return OpenVinoSettings(inference_precision=_TYPE_NAMES.get(name, name),
                             num_threads=int(compiled.get_property("INFERENCE_NUM_THREADS")),
                             num_streams=int(compiled.get_property("NUM_STREAMS")),
-                            performance_hint=str(compiled.get_property("PERFORMANCE_HINT")))  # type: ignore[arg-type]
+                            performance_hint=str(compiled.get_property("PERFORMANCE_HINT")))
 
 
 def open_engine(model: Path, precision: str, threads: int) -> OpenVinoSession:

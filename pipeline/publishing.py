@@ -102,7 +102,6 @@ def host_tags(host: HostProfile) -> dict[str, str]:
 
 
 def _version_tags(loaded: LoadedRecipe, report: Report, selected: str, model: Path) -> dict[str, str]:
-    validation = loaded.recipe.validation
     candidate = report.candidates.get(report.selected_pair)
     gates = candidate.gates if candidate else []
     return {

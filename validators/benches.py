@@ -55,7 +55,7 @@ def sessions(pairs: dict[str, tuple[Pair, Path]], sample: dict[str, np.ndarray],
              progress: Progress) -> dict[str, Session]:
     """Each pair's session, threads chosen as serving chooses them (throughput.tuned_session)."""
     engines = list(dict.fromkeys(pair.engine for pair, _ in pairs.values()))
-    opened = {}
+    opened: dict[str, Session] = {}
     for engine in engines:
         mine = {key: path for key, (pair, path) in pairs.items() if pair.engine == engine}
         progress(f"throughput › {engine}: sessions and thread choice for {', '.join(mine)}")

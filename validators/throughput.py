@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import onnx
@@ -30,7 +30,7 @@ from temper.artifacts.openvino_session import OpenVinoSession
 from temper.artifacts.providers import CPU, PROVIDERS, Provider, is_openvino
 from temper.artifacts.session import SessionSettings, open_session, settings_of
 
-Session = ort.InferenceSession | OpenVinoSession  # what every model is measured and evaluated on
+Session: TypeAlias = ort.InferenceSession | OpenVinoSession  # what every model is measured and evaluated on
 
 _PERCENTILES = (50, 90, 95, 99)
 
@@ -61,7 +61,7 @@ def require_available(provider: str, host: HostProfile | None = None) -> None:
     CPU whose profile reports no native BF16 (decided by its ISA flags, never by its name)."""
     if provider not in PROVIDERS:
         raise ValueError(f"unknown provider '{provider}'; choose from {', '.join(PROVIDERS)}")
-    info = PROVIDERS[cast(Provider, provider)]
+    info = PROVIDERS[provider]
     key = "validate.throughput.providers"
     if is_openvino(provider):
         if openvino_session.version() is None:

@@ -16,8 +16,9 @@ import numpy as np
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import RecipeError
 from temper.artifacts.host import HostProfile, profile
-from temper.artifacts.providers import is_openvino
 from temper.artifacts.layout import AXIS0, Layout
+from temper.artifacts.openvino_session import OpenVinoSession
+from temper.artifacts.providers import is_openvino
 from temper.calibration.sources import Dataset
 from temper.validators import report_model, scoring
 from temper.validators.benches import Bench, bench_all
@@ -74,7 +75,7 @@ class CandidateResult:
     throughput: list[tuple[Measurement, Speedup]] = field(default_factory=list)  # with its speedup interval
     tuning: dict[str, Any] | None = None  # the quantize fallback's record (tuning.json), when it ran
     census: Census | None = None  # what the built graph computes in (None: it did not build)
-    engine_precision: str | None = None  # what the engine computes float ops in, read back (OpenVINO); None: the graph's
+    engine_precision: str | None = None  # what the engine computes float ops in, read back (OpenVINO); None: graph
 
 
 @dataclass
@@ -141,8 +142,8 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
         result = CandidateResult(Verdict(key), pair)
         results.append(result)
         if path is None:
-            reason = subject.candidates[pair.model]
-            result.verdict.gates.append(Gate("build", False, None, None, str(reason), kind="build"))
+            why = subject.candidates[pair.model]
+            result.verdict.gates.append(Gate("build", False, None, None, str(why), kind="build"))
             continue
         result.verdict.bytes = path.stat().st_size
         result.tuning = subject.tunings.get(pair.model)
@@ -183,7 +184,8 @@ def _engine_precision(result: CandidateResult, pair: Pair, path: Path) -> str | 
         if measurement.session and "inference_precision" in measurement.session:
             return str(measurement.session["inference_precision"])
     session = session_for(path, pair.engine)
-    return str(getattr(session, "settings").inference_precision)
+    assert isinstance(session, OpenVinoSession)  # an OpenVINO row's session
+    return str(session.settings.inference_precision)
 
 
 def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[str, np.ndarray]) -> None:
@@ -328,7 +330,7 @@ def build_report(validation: Validation) -> report_model.Report:
                   for name, s in subject.searches.items()},
         select=subject.rule,
         selected=chosen.model,
-        selected_engine=chosen.engine,  # type: ignore[arg-type]  # a row of the table: engines_of
+        selected_engine=chosen.engine,
         selected_pair=validation.selected,
         selection_reason=validation.reason,
         passed=validation.passed,
@@ -342,7 +344,7 @@ def _measurement(m: Measurement) -> report_model.Measurement:
 def _candidate(c: CandidateResult, precision: str | None) -> report_model.Candidate:
     return report_model.Candidate(
         model=c.pair.model,
-        engine=c.pair.engine,  # type: ignore[arg-type]  # a row of the table: engines_of
+        engine=c.pair.engine,
         engine_precision=c.engine_precision,
         passed=c.verdict.passed,
         precision=None if c.census is None else c.census.precision(),

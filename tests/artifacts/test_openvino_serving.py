@@ -20,7 +20,7 @@ from temper.artifacts.providers import BF16_FLAGS
 from temper.artifacts.pyfunc import pinned_requirements
 from temper.artifacts.runtime import Runtime
 from temper.artifacts.triton import export_repository
-from tests.artifacts.servers import MODEL, Served, _counter, _inputs, _metrics, _tiny_model, Client
+from tests.artifacts.servers import MODEL, Client, Served, _counter, _inputs, _metrics, _tiny_model
 
 pytest.importorskip("openvino", reason="the OpenVINO engine needs openvino (the openvino extra, in dev)")
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is in the dev extra")
@@ -113,9 +113,11 @@ def test_the_triton_export_names_the_openvino_backend_and_the_gated_settings(sel
     assert config.backend == "openvino" and config.platform == "" and config.default_model_filename == "model.onnx"
     assert {k: v.string_value for k, v in config.parameters.items()} == {
         "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": "1"}
-    assert (folder / "1" / "model.onnx").is_file() and config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+    assert (folder / "1" / "model.onnx").is_file()
+    assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
     assert config.dynamic_batching.max_queue_delay_microseconds == 20_000
-    bf16 = _openvino_bundle(tmp_path / "bf16", "openvino-bf16", GATED.model_copy(update={"inference_precision": "bf16"}))
+    bf16 = _openvino_bundle(tmp_path / "bf16", "openvino-bf16",
+                            GATED.model_copy(update={"inference_precision": "bf16"}))
     config = text_format.Parse((export_repository(bf16, tmp_path / "repo2") / "config.pbtxt").read_text(),
                                model_config_pb2.ModelConfig())
     assert config.parameters["HINT_BF16"].string_value == "YES"

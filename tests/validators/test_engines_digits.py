@@ -53,7 +53,8 @@ def test_pairs_on_cpu_and_openvino_are_gated_and_one_is_selected(temper, gated_d
     assert report["selected_engine"] == (chosen["engine"] if chosen else "cpu")
     assert f"selected: {fastest}" in result.stdout and f"on `{report['selected_engine']}`" in result.stdout
     text = (out / "report.md").read_text()
-    assert "int8-static@openvino" in text and f"Serving: `{report['selected']}` on `{report['selected_engine']}`" in text
+    serving = f"Serving: `{report['selected']}` on `{report['selected_engine']}`"
+    assert "int8-static@openvino" in text and serving in text
     # what `temper serve OUTPUT` would run: the selected pair's engine and recorded settings
     from temper.pipeline.outputs import servable
 

@@ -20,6 +20,12 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics",  # what
               "system_shared_memory"]  # listed as Triton does, also while --allow-client-shm is off
 
 
+def platform(runtime: Runtime) -> str:
+    """What model metadata names as the model's platform: Triton's `onnxruntime_onnx`, or `openvino` for a
+    bundle served on OpenVINO (Triton reports its backend's name there)."""
+    return OPENVINO_BACKEND if is_openvino(runtime.engine) else PLATFORM
+
+
 def model_config(runtime: Runtime) -> dict[str, Any]:
     """Triton's model configuration (the JSON form of its ModelConfig), as `temper export-triton`
     writes it for this bundle, with the instance this server really runs."""

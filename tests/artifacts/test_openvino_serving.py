@@ -76,6 +76,7 @@ def test_a_real_server_answers_tritonclient_with_the_gated_engines_outputs_batch
             np.testing.assert_allclose(answer["y"], expected["y"], rtol=0, atol=1e-6)
             np.testing.assert_array_equal(answer["total"], expected["total"])
         metadata = client.get_model_config(MODEL)
+        assert client.get_model_metadata(MODEL)["platform"] == "openvino"
         http = Client(served.port)
         metrics = _metrics(http)
         http.close()

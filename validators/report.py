@@ -126,7 +126,8 @@ def _host_lines(report: Report) -> list[str]:
     lines = ["## Host", "",
              f"- CPU: {host.cpu} ({host.arch}); INT8/FP16 features: {features}",
              f"- cores used: {host.usable_cores} (of {host.logical_cpus} logical CPUs); memory {memory}; GPU: {gpus}",
-             f"- onnxruntime {host.onnxruntime} with {', '.join(host.providers)}"]
+             f"- onnxruntime {host.onnxruntime} with {', '.join(host.providers)}",
+             *([f"- openvino {host.openvino}"] if host.openvino else [])]
     target = report.target
     if target:
         lines.append(f"- quantize `preset: auto` → `{target.preset or 'none (ONNX Runtime defaults)'}` "

@@ -286,7 +286,7 @@ def _not_better(verdict: Verdict, rule: str, spec: ValidateSpec | None, baseline
         return (f"{name} passed every gate but speed was not measured (no validate.throughput), so nothing shows "
                 "it faster: add validate.throughput or use select: smallest-passing")
     up = verdict.speedup
-    where = f"on {spec.throughput.providers[0]} at batch {max(spec.throughput.batch_sizes)}"
+    where = f"at batch {max(spec.throughput.batch_sizes)} on {spec.throughput.providers[0]}"
     if up.low is None or up.high is None:
         return f"{name} passed every gate but is {up.shown()} the baseline {where}, too few rounds for an interval"
     how = "slower" if up.high < 1.0 else "not evidently faster (the interval does not lie above 1.0)"

@@ -30,7 +30,7 @@ def test_host_section_says_where_figures_were_measured():
     host = lines[lines.index("## Host"):]
     assert "- CPU: Test CPU 9000 (x86_64); INT8/FP16 features: avx512_vnni, avx2" in host
     assert "- cores used: 2 (of 4 logical CPUs); memory 7.5 GiB; GPU: Test GPU (compute capability 9.0)" in host
-    assert "- onnxruntime 1.32.0 with CPUExecutionProvider" in host
+    assert "- onnxruntime 1.32.0 with CPUExecutionProvider" in host and "- openvino 2026.4.1" in host
     assert "- quantize `preset: auto` → `arm64-int8` for target `arm64`: the recipe's target" in host
     assert any(line.startswith("- speed was measured on this host, not on the target") for line in host)
 

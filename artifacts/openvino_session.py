@@ -91,7 +91,6 @@ class OpenVinoSession:
         if DEVICE not in core.available_devices:
             raise EnvironmentProblem(f"OpenVINO offers no {DEVICE} device here (devices: "
                                      f"{', '.join(core.available_devices) or 'none'})")
-        self.asked = settings
         self._compiled = core.compile_model(core.read_model(str(model)), DEVICE, settings.config())
         self._request = self._compiled.create_infer_request()
         self._lock = threading.Lock()

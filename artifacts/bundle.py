@@ -4,7 +4,7 @@ serving runtime loads and the Triton exporter reads. Imports nothing from pipeli
     <bundle>/
       model.onnx      the selected candidate
       runtime.json    ServingConfig: tensors, batching limits, padding, the host speed was measured on,
-                      the session settings it was measured with and the library versions the gates ran on
+                      the engine and settings it was measured with and the library versions the gates ran on
       report.json     the gate verdicts that let it ship; names the model (`selected`)
       manifest.json   its lineage and sha256: the model is checked against it before it serves
                       (a hand-made bundle without one serves with a warning)
@@ -24,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from temper.artifacts.host import HostProfile
 from temper.artifacts.layout import Layout, default_axes
+from temper.artifacts.openvino_session import OpenVinoSettings
+from temper.artifacts.providers import Provider
 from temper.artifacts.session import SessionSettings
 
 MODEL = "model.onnx"
@@ -76,11 +78,18 @@ class ServingConfig(BaseModel):
         None,
         description="the host the bundle's speed gates were measured on; serving warns on a host lacking its features",
     )
-    session: SessionSettings | None = Field(
+    engine: Provider | None = Field(
         None,
-        description="the ONNX Runtime session settings the speed gates measured this model with (threads chosen "
-                    "there); serving runs exactly these, choosing threads again only on a host with fewer usable "
-                    "cores. null: nothing was measured, serving chooses threads at start",
+        description="the engine the gates selected this model on (report.json selected_engine) and serving runs it "
+                    "on: openvino / openvino-bf16 run OpenVINO's CPU plugin; null or an ONNX Runtime row: the best "
+                    "ONNX Runtime provider this host really runs (TensorRT, else CUDA, else CPU)",
+    )
+    session: SessionSettings | OpenVinoSettings | None = Field(
+        None,
+        description="the engine settings the speed gates measured this model with (ONNX Runtime's threads chosen "
+                    "there, or OpenVINO's precision, threads, streams and hint, read back); serving runs exactly "
+                    "these, choosing threads again only on a host with fewer usable cores. null: nothing was "
+                    "measured, serving chooses threads at start",
     )
     gated_with: dict[str, str] = Field(
         default_factory=dict,

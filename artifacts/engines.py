@@ -1,9 +1,12 @@
-"""Engine choice: which ONNX Runtime execution provider runs the model, and the thread choice.
+"""Engine choice: which engine runs the model, and the thread choice.
 
-The Runtime asks for one session on the best engine this host really runs (TensorRT, else CUDA,
-else CPU); how every session is built (threads, spinning, graph optimization, provider options)
-is artifacts/session.py's one definition. The thread choice (all usable cores or one, by a
-batch-1 timing) lives here so that the speed gates make it exactly as serving does.
+A bundle selected on OpenVINO (runtime.json `engine`: openvino, openvino-bf16) runs on OpenVINO's
+CPU plugin with the settings the gates measured, precision checked on the compiled model
+(load_openvino). Otherwise the Runtime asks for one ONNX Runtime session on the best engine this
+host really runs (TensorRT, else CUDA, else CPU); how every session is built (threads, spinning,
+graph optimization, provider options) is artifacts/session.py's one definition. The thread choice
+(all usable cores or one, by a batch-1 timing) lives here so that the speed gates make it exactly as
+serving does.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from temper.artifacts.openvino_session import OpenVinoSession, OpenVinoSettings, open_engine
 from temper.artifacts.providers import BEST_FIRST, CPU, PROVIDERS, Provider, named
 from temper.artifacts.session import SessionSettings, open_session
 
@@ -48,6 +52,21 @@ def load(model: Path, providers: list[str] | None, settings: SessionSettings,
     return session, engine
 
 
+def load_openvino(model: Path, engine: Provider, recorded: OpenVinoSettings | None, cores: int,
+                  name: str) -> OpenVinoSession:
+    """The compiled model for a bundle selected on an OpenVINO row: the precision its row names, the
+    threads runtime.json records (all usable cores when it records none, or more than this host has).
+    EnvironmentProblem when openvino is absent or the compiled model computes in another precision."""
+    precision = PROVIDERS[engine].precision
+    assert precision is not None  # every OpenVINO row names its precision
+    threads = cores if recorded is None or recorded.num_threads > cores else recorded.num_threads
+    session = open_engine(model, precision, threads)
+    log.info("%s: engine=%s inference_precision=%s threads=%d streams=%d hint=%s", name, engine,
+             session.settings.inference_precision, session.settings.num_threads, session.settings.num_streams,
+             session.settings.performance_hint)
+    return session
+
+
 def choose_threads(model: Path, session: ort.InferenceSession, settings: SessionSettings, inputs: dict[str, np.ndarray],
                    providers: list[str]) -> tuple[ort.InferenceSession, SessionSettings, list[float]]:
     """The CPU engine's thread choice, made the same way wherever a model is measured or served: time
@@ -67,7 +86,8 @@ def choose_threads(model: Path, session: ort.InferenceSession, settings: Session
     return (sessions[1], one, times) if times[1] < times[0] else (session, settings, times)
 
 
-def median_runs_s(sessions: list[ort.InferenceSession], inputs: dict[str, np.ndarray]) -> list[float]:
+def median_runs_s(sessions: list[ort.InferenceSession] | list[OpenVinoSession],
+                  inputs: dict[str, np.ndarray]) -> list[float]:
     """Median seconds per run of `inputs` on each session, runs interleaved so that noise
     from other processes hits every session alike. One untimed run each first."""
     for session in sessions:

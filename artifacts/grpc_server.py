@@ -59,7 +59,7 @@ from temper.artifacts.protocol import DATATYPES, VERSION, WIRE
 from temper.artifacts.request_params import check_output, queue_timeout_s
 from temper.artifacts.runtime import Runtime
 from temper.artifacts.shm_grpc import SharedMemoryRpcs
-from temper.artifacts.triton_extensions import EXTENSIONS, PLATFORM, model_config, statistics
+from temper.artifacts.triton_extensions import EXTENSIONS, model_config, platform, statistics
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -99,7 +99,7 @@ class InferenceService(SharedMemoryRpcs, pb_grpc.GRPCInferenceServiceServicer):
         self.name = config.name
         self.inputs = {spec.name: spec for spec in config.inputs}
         self.outputs = [spec.name for spec in config.outputs]
-        self.metadata = pb.ModelMetadataResponse(name=self.name, versions=[VERSION], platform=PLATFORM,
+        self.metadata = pb.ModelMetadataResponse(name=self.name, versions=[VERSION], platform=platform(runtime),
                                                  inputs=_tensors(config.inputs), outputs=_tensors(config.outputs))
 
     def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:

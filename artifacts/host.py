@@ -10,6 +10,7 @@ Every probe is best-effort: an unknown OS or CPU yields empty fields, never an e
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import math
 import os
 import platform
@@ -54,6 +55,7 @@ class HostProfile(BaseModel):
     onnxruntime: str | None
     providers: list[str]  # the execution providers this onnxruntime offers
     gpus: list[Gpu]
+    openvino: str | None = None  # the installed OpenVINO runtime's version (the openvino engines), None: absent
 
     @property
     def x86(self) -> bool:
@@ -73,8 +75,9 @@ class HostProfile(BaseModel):
         gpus = "; GPU " + ", ".join(g.name + (f" (sm {g.compute_capability})" if g.compute_capability else "")
                                     for g in self.gpus) if self.gpus else "; no GPU"
         memory = f", {self.memory_gib:.0f} GiB" if self.memory_gib else ""
+        openvino = f", openvino {self.openvino}" if self.openvino else ""
         return (f"{self.cpu} ({self.arch}: {features}), {self.usable_cores} usable cores{memory}, "
-                f"onnxruntime {self.onnxruntime or '?'}{gpus}")
+                f"onnxruntime {self.onnxruntime or '?'}{openvino}{gpus}")
 
     def missing(self, other: HostProfile) -> list[str]:
         """Features `other` has that this host lacks; empty when either side's list is unknown."""
@@ -95,7 +98,8 @@ def profile() -> HostProfile:
         memory = round(psutil.virtual_memory().total / 2**30, 1)
     return HostProfile(cpu=cpu or platform.processor() or arch, arch=arch, features=features,
                        features_known=flags is not None, usable_cores=usable_cores(), logical_cpus=os.cpu_count(),
-                       memory_gib=memory, onnxruntime=ort_version, providers=providers, gpus=_gpus())
+                       memory_gib=memory, onnxruntime=ort_version, providers=providers, gpus=_gpus(),
+                       openvino=_installed("openvino"))
 
 
 def usable_cores() -> int:
@@ -159,6 +163,13 @@ def _onnxruntime() -> tuple[str | None, list[str]]:
     except Exception:  # not installed, or a broken build: the profile still stands
         return None, []
     return getattr(ort, "__version__", None), list(ort.get_available_providers())
+
+
+def _installed(package: str) -> str | None:
+    """A package's installed version, read from its metadata: importing OpenVINO costs a second."""
+    with contextlib.suppress(Exception):
+        return importlib.metadata.version(package)
+    return None
 
 
 def _gpus() -> list[Gpu]:

@@ -1,9 +1,12 @@
-"""The one table of execution providers a recipe, `temper bench` and the serving runtime may name.
+"""The one table of engines a recipe, `temper bench` and the serving runtime may name.
 
-Adding a provider is a row here (and a value of `Provider`): the recipe schema, the speed gates'
+Adding an engine is a row here (and a value of `Provider`): the recipe schema, the speed gates'
 pre-flight and sessions, report.json, the serving runtime's engine choice and the Triton export's
-instance kind all read this table. It sits in artifacts/, the bottom layer, because the serving
-runtime and the MLflow model ship only artifacts/.
+backend and instance kind all read this table. Most rows are ONNX Runtime execution providers;
+`openvino` and `openvino-bf16` are OpenVINO's own runtime on the CPU (artifacts/openvino_session.py),
+one row per inference precision, since BF16 compute is a precision of its own and is gated as one.
+It sits in artifacts/, the bottom layer, because the serving runtime and the MLflow model ship only
+artifacts/.
 """
 
 from __future__ import annotations
@@ -11,21 +14,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Provider = Literal["cpu", "cuda", "tensorrt"]  # recipe, report.json and `temper bench` spell providers so
+# recipe, report.json and `temper bench` spell engines so
+Provider = Literal["cpu", "cuda", "tensorrt", "openvino", "openvino-bf16"]
+Engine = Literal["onnxruntime", "openvino"]
 
 
 @dataclass(frozen=True)
 class ProviderInfo:
     name: Provider
-    ort: str  # ONNX Runtime's execution provider
+    ort: str  # ONNX Runtime's execution provider ("" for an engine that is not ONNX Runtime)
     gpu: bool  # runs on a GPU: Triton's KIND_GPU, IO binding, no CPU thread choice
     then: tuple[str, ...] = ()  # providers chained after it, for the nodes it does not take
-    install: str = ""  # what to install when this onnxruntime lacks it
+    install: str = ""  # what to install when this host lacks it
+    engine: Engine = "onnxruntime"  # the runtime that runs it, and the package a bundle's model requires
+    precision: str | None = None  # what the engine computes float ops in (OpenVINO's INFERENCE_PRECISION_HINT)
+    host_flags: tuple[str, ...] = ()  # ISA features of which the host profile must report one (none: any host)
 
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
+OPENVINO_INSTALL = "pip install 'temper-ml[openvino]'"
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # native BF16 arithmetic; without them OpenVINO computes FP32
 
 PROVIDERS: dict[Provider, ProviderInfo] = {
     "cpu": ProviderInfo("cpu", CPU, gpu=False),
@@ -33,10 +43,20 @@ PROVIDERS: dict[Provider, ProviderInfo] = {
     # CUDA after TensorRT keeps the nodes TensorRT does not take on the GPU rather than the CPU.
     "tensorrt": ProviderInfo("tensorrt", TENSORRT, gpu=True, then=(CUDA,),
                              install="install onnxruntime-gpu and TensorRT on a machine with an NVIDIA GPU"),
+    "openvino": ProviderInfo("openvino", "", gpu=False, install=OPENVINO_INSTALL, engine="openvino", precision="f32"),
+    "openvino-bf16": ProviderInfo("openvino-bf16", "", gpu=False, install=OPENVINO_INSTALL, engine="openvino",
+                                  precision="bf16", host_flags=BF16_FLAGS),
 }
-BEST_FIRST: tuple[Provider, ...] = ("tensorrt", "cuda", "cpu")  # the serving runtime's choice, when none is asked
+# The serving runtime's choice among ONNX Runtime's providers, when a bundle names none.
+BEST_FIRST: tuple[Provider, ...] = ("tensorrt", "cuda", "cpu")
 
 
 def named(ort_provider: str) -> Provider:
     """The recipe's name for an ONNX Runtime provider a session runs on ("cpu" for any other)."""
-    return next((info.name for info in PROVIDERS.values() if info.ort == ort_provider), "cpu")
+    return next((info.name for info in PROVIDERS.values() if info.ort and info.ort == ort_provider), "cpu")
+
+
+def is_openvino(provider: str) -> bool:
+    """Whether `provider` names an OpenVINO row (its sessions are OpenVinoSession, not ONNX Runtime's)."""
+    info = PROVIDERS.get(provider)  # type: ignore[call-overload]
+    return info is not None and info.engine == "openvino"

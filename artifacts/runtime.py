@@ -1,4 +1,4 @@
-"""The serving runtime: one ONNX Runtime session behind a dynamic batcher.
+"""The serving runtime: one ONNX Runtime session, or one OpenVINO compiled model, behind a dynamic batcher.
 
 Shipped inside MLflow models (code_paths), so it imports only artifacts/ modules,
 never pipeline/, calibration/ or validators/.
@@ -42,7 +42,8 @@ from temper.artifacts.bundle import MODEL, ServingConfig, check_describes, examp
 from temper.artifacts.counters import OTHER, Counters
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.host import HostProfile, profile, usable_cores
-from temper.artifacts.providers import CPU, PROVIDERS
+from temper.artifacts.openvino_session import OpenVinoSession, OpenVinoSettings
+from temper.artifacts.providers import CPU, PROVIDERS, Provider, is_openvino
 from temper.artifacts.session import SessionSettings
 from temper.artifacts.workers import WorkerPool
 
@@ -87,9 +88,16 @@ class Runtime:
         if self.drift_warning:
             log.warning("%s: %s", self.config.name, self.drift_warning)
         self.settings, self._choose = _settings(self.config)  # start() chooses threads when _choose
-        self._session: ort.InferenceSession | None
+        self._session: ort.InferenceSession | OpenVinoSession | None
         self._providers: list[str] = []  # the providers the session really runs, which the workers are given
-        self._session, self.engine = engines.load(self.bundle / MODEL, providers, self.settings, self.config.name)
+        self.engine: Provider
+        if self.config.engine is not None and is_openvino(self.config.engine) and providers is None:
+            recorded = self.config.session if isinstance(self.config.session, OpenVinoSettings) else None
+            self._session = engines.load_openvino(self.bundle / MODEL, self.config.engine, recorded,
+                                                  usable_cores(), self.config.name)
+            self.engine, self._choose = self.config.engine, False
+        else:
+            self._session, self.engine = engines.load(self.bundle / MODEL, providers, self.settings, self.config.name)
         self._output_names = [o.name for o in self._session.get_outputs()]
         self.batch1_ms: float | None = None  # median run of the smallest batch (1 unless fixed), timed by start()
         self.inline = False  # start() sets it when batch1_ms < INLINE_MAX_MS
@@ -101,14 +109,21 @@ class Runtime:
 
     @property
     def intra_op_threads(self) -> int:
+        if isinstance(self._session, OpenVinoSession):
+            return self._session.settings.num_threads
         return self.settings.intra_op_threads
+
+    @property
+    def engine_settings(self) -> SessionSettings | OpenVinoSettings:
+        """What the model really runs with, read back: OpenVINO's compiled model, or the ONNX Runtime settings."""
+        return self._session.settings if isinstance(self._session, OpenVinoSession) else self.settings
 
     def _tune(self) -> None:
         """Time the smallest batch, and on the CPU engine, when runtime.json recorded no thread choice
         this host can honour, choose the thread count as the speed gates do (engines.choose_threads).
         Then decide whether requests may run inline."""
         inputs = self._warmup_inputs(self._fixed_batch or 1)
-        if self.engine == "cpu" and self._choose:
+        if self.engine == "cpu" and self._choose and isinstance(self._session, ort.InferenceSession):
             self._session, self.settings, times = engines.choose_threads(
                 self.bundle / MODEL, self._session, self.settings, inputs, [CPU])
             self.batch1_ms = min(times) * 1000
@@ -143,6 +158,11 @@ class Runtime:
             return
         if self._session is not None:  # not when a pool ran before: start() after stop()
             self._tune()
+        if isinstance(self._session, OpenVinoSession):  # worker processes build ONNX Runtime sessions only
+            if self.instances:
+                log.warning("%s: the openvino engine runs in this process; worker instances run ONNX Runtime "
+                            "engines only, so instances=%d is not applied", self.config.name, self.instances)
+            self.instances = 0
         if self.instances is None:
             self.instances = 0 if self.inline else default_instances(self.intra_op_threads, PROVIDERS[self.engine].gpu)
             log.info("%s: %d worker instance(s) by default%s", self.config.name, self.instances,
@@ -322,7 +342,7 @@ def _settings(config: ServingConfig) -> tuple[SessionSettings, bool]:
     usable cores, chosen again, with one log line); without any, all usable cores, chosen at start."""
     cores = usable_cores()
     recorded = config.session
-    if recorded is None:
+    if recorded is None or isinstance(recorded, OpenVinoSettings):  # an OpenVINO bundle's: engines.load_openvino
         return SessionSettings(intra_op_threads=cores), True
     if recorded.intra_op_threads > cores:
         log.warning("%s: runtime.json records %d intra-op threads, chosen where the speed gates measured, but this "

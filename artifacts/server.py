@@ -74,7 +74,7 @@ from temper.artifacts.rest_codec import (
 )
 from temper.artifacts.runtime import Runtime
 from temper.artifacts.shm_http import PREFIXES, shm_route
-from temper.artifacts.triton_extensions import EXTENSIONS, PLATFORM, model_config, statistics
+from temper.artifacts.triton_extensions import EXTENSIONS, model_config, platform, statistics
 
 __all__ = ["InferenceServer", "bind", "body_limit", "serve"]
 
@@ -107,7 +107,7 @@ class InferenceServer:
         self.regions = regions if regions is not None else ClientRegions()
         self.codec = RestCodec(config, self.max_body_bytes, self.regions)
         self.metadata = encode_json({
-            "name": self.name, "versions": [VERSION], "platform": PLATFORM,
+            "name": self.name, "versions": [VERSION], "platform": platform(runtime),
             "inputs": tensor_metadata(config.inputs), "outputs": tensor_metadata(config.outputs),
         })
         self.server_metadata = encode_json({"name": "temper", "version": VERSION,

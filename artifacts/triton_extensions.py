@@ -11,13 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 from temper.artifacts.protocol import VERSION
-from temper.artifacts.providers import PROVIDERS
+from temper.artifacts.providers import PROVIDERS, is_openvino
 from temper.artifacts.runtime import Runtime
-from temper.artifacts.triton import _model_config
+from temper.artifacts.triton import OPENVINO_BACKEND, _model_config
 
 PLATFORM = "onnxruntime_onnx"  # Triton's name for what runs the model
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics",  # what both servers' metadata list
               "system_shared_memory"]  # listed as Triton does, also while --allow-client-shm is off
+
+
+def platform(runtime: Runtime) -> str:
+    """What model metadata names as the model's platform: Triton's `onnxruntime_onnx`, or `openvino` for a
+    bundle served on OpenVINO (Triton reports its backend's name there)."""
+    return OPENVINO_BACKEND if is_openvino(runtime.engine) else PLATFORM
 
 
 def model_config(runtime: Runtime) -> dict[str, Any]:
@@ -25,6 +31,10 @@ def model_config(runtime: Runtime) -> dict[str, Any]:
     writes it for this bundle, with the instances this server really runs: its worker processes, or the
     one in-process session (instances 0; before start() has chosen a default, 1)."""
     kind = "KIND_GPU" if PROVIDERS[runtime.engine].gpu else "KIND_CPU"
+    if is_openvino(runtime.engine):
+        config = _model_config(runtime.config, OPENVINO_BACKEND, 1, kind)
+        config.pop("model_warmup", None)
+        return config
     config = _model_config(runtime.config, PLATFORM, runtime.instances or 1, kind)
     config.pop("model_warmup", None)  # a repository setting; this server has warmed up already
     return {**config, "backend": "onnxruntime"}

@@ -215,12 +215,15 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
                 raise ValueError("it has no report.json (the recipe has no validate section), so it names no selected "
                                  "model; serve OUTPUT/CANDIDATE")
             name = candidate_name(manifest, report.selected)  # never a path: `../x` or `/x` names no candidate
+            pair = report.selected_pair
         else:
-            name = candidate_name(manifest, path.name)
+            name = pair = candidate_name(manifest, path.name)  # OUTPUT/CANDIDATE: on the first engine
         recipe = manifest["recipe"]["resolved"]
         publish = recipe.get("publish") or {}
         served = publish.get("mlflow") or {}
-        gated = report.session_of(name) if report and name in {"baseline", *report.candidates} else None
+        gated = report.session_of(pair) if report and pair in {"baseline", *report.candidates} else None
+        engine = report.candidates[pair].engine if report and pair in report.candidates else (
+            report.baseline.engine if report else None)
     except Mismatch:  # a damaged manifest, or another tool's: the line names manifest.json
         raise
     except Exception as exc:  # a failed candidate (no model), a damaged report
@@ -229,6 +232,6 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
     try:
         return output / name, config_for(output / name / MODEL_FILE, served.get("registered_model") or recipe["name"],
                                          serving_layout(manifest), measured_on=report.host if report else None,
-                                         session=gated, **(publish.get("serving") or {}))
+                                         engine=engine, session=gated, **(publish.get("serving") or {}))
     except Exception as exc:  # a model onnx cannot read, serving options this version does not know
         raise ValueError(f"cannot serve it from its run: {first_line(exc)}") from exc

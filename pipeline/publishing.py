@@ -39,7 +39,8 @@ def metrics_of(report: Report | Mapping[str, Any]) -> dict[str, float]:
         found[f"baseline.{report.metric}"] = report.baseline.metric
     for m in report.baseline.throughput:
         found[f"baseline.{m.provider}.b{m.batch_size}.samples_per_s"] = m.samples_per_s
-    for name, c in report.candidates.items():
+    for key, c in report.candidates.items():
+        name = key.replace("@", "/")  # a pair on another engine, model@engine: MLflow refuses @ in a metric name
         found[f"{name}.passed"] = float(c.passed)
         if c.metric is not None and c.drop is not None:
             found[f"{name}.{report.metric}"] = c.metric
@@ -74,7 +75,8 @@ def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str
             tags |= _version_tags(loaded, report, selected, model)
             layout = serving_layout(json.loads((folder / MANIFEST).read_text()))
             config = bundle.config_for(model, spec.mlflow.registered_model, layout, measured_on=host,
-                                       session=report.session_of(selected), gated_with=versions.current(),
+                                       engine=report.selected_engine,
+                                       session=report.session_of(report.selected_pair), gated_with=versions.current(),
                                        **spec.serving.model_dump())
             packed = bundle.write(Path(tmp) / "bundle", model, config, [folder / REPORT_FILE, folder / MANIFEST])
             run_id, model_uri = record_run(
@@ -100,15 +102,15 @@ def host_tags(host: HostProfile) -> dict[str, str]:
 
 
 def _version_tags(loaded: LoadedRecipe, report: Report, selected: str, model: Path) -> dict[str, str]:
-    validation = loaded.recipe.validation
-    candidate = report.candidates.get(selected)
+    candidate = report.candidates.get(report.selected_pair)
     gates = candidate.gates if candidate else []
     return {
         "candidate": selected,
         # what the graph is (validators/census.py), never what the recipe's steps meant it to be
         "precision": (candidate.precision if candidate and candidate.precision
                       else candidate_precision(loaded.recipe, selected)),
-        "provider": validation.throughput.providers[0] if validation and validation.throughput else "cpu",
+        "provider": report.selected_engine,
+        "engine_precision": (candidate.engine_precision if candidate else None) or "graph",
         "model_sha256": sha256_of(model),
         "gates": (", ".join(f"{g.name}={'pass' if g.passed else 'FAIL'}" for g in gates)
                   or f"baseline: {report.selection_reason}")[:TAG_LIMIT],

@@ -153,10 +153,11 @@ def test_the_mlflow_model_declares_every_package_its_code_imports():
     # the declared list comes from the same process: pytest itself then never pays mlflow's import (9 s)
     code = ("import sys, warnings; warnings.simplefilter('ignore'); import temper.artifacts.pyfunc; "
             "print(' '.join(m for m in sys.modules if m.startswith('temper.artifacts'))); "
-            "print(' '.join(temper.artifacts.pyfunc.REQUIREMENTS))")
+            "print(' '.join(temper.artifacts.pyfunc.REQUIREMENTS)); "
+            "print(' '.join(p for ps in temper.artifacts.pyfunc.ENGINE_REQUIREMENTS.values() for p in ps))")
     lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
                            timeout=120).stdout.splitlines()
-    loaded, requirements = lines[-2].split(), lines[-1].split()
+    loaded, requirements, by_engine = lines[-3].split(), lines[-2].split(), lines[-1].split()
     packages = set()
     for module in loaded:
         tree = ast.parse(MODULES[module].read_text())
@@ -169,4 +170,6 @@ def test_the_mlflow_model_declares_every_package_its_code_imports():
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 packages.add(node.module.split(".")[0])
     third_party = packages - set(sys.stdlib_module_names) - {"temper"}
-    assert requirements and third_party - set(requirements) == set()
+    # an engine's package (openvino) is required by exactly the models selected on that engine
+    assert requirements and third_party - set(requirements) - set(by_engine) == set()
+    assert set(by_engine) <= third_party, "an engine requirement the code does not import"

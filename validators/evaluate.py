@@ -11,12 +11,15 @@ from temper.artifacts.layout import AXIS0, Layout
 from temper.artifacts.onnx_io import fit_batch, fixed_batch, load_structure
 from temper.artifacts.providers import CPU
 from temper.artifacts.session import SessionSettings, open_session
+from temper.validators.throughput import session_for
 
 
 def predict(path: Path, features: dict[str, np.ndarray], batch_size: int,
-            layout: Layout = AXIS0) -> dict[str, np.ndarray]:
-    """Every output of the model at `path` over every row of `features` (samples first), run on CPU in
-    batches laid out by `layout`, samples first again.
+            layout: Layout = AXIS0, engine: str = "cpu") -> dict[str, np.ndarray]:
+    """Every output of the model at `path` over every row of `features` (samples first), run on `engine`
+    (a row of artifacts.providers; ONNX Runtime's CPU by default) in batches laid out by `layout`,
+    samples first again. On another engine the session is the one the speed gates measure there
+    (throughput.session_for): a pair is gated on the outputs of the engine that would serve it.
 
     A model with a fixed batch dim (a fixed-shape candidate) runs in chunks of exactly that
     size; its last partial chunk is padded with copies of the last row and the padded rows'
@@ -26,7 +29,8 @@ def predict(path: Path, features: dict[str, np.ndarray], batch_size: int,
     so the outputs the gates score are the outputs the served model gives.
     """
     model = load_structure(path)
-    sess = open_session(path, SessionSettings(intra_op_threads=usable_cores()), [CPU])
+    sess = (open_session(path, SessionSettings(intra_op_threads=usable_cores()), [CPU]) if engine == "cpu"
+            else session_for(path, engine))
     names = [o.name for o in sess.get_outputs()]
     fixed = fixed_batch(model, layout)
     step = fixed or batch_size

@@ -48,11 +48,24 @@ def speedup_text(m: CandidateMeasurement | Mapping[str, Any]) -> str:
     return f"{speedup:.2f}x" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
 
 
+def engine_line(report: Report) -> str:
+    """The selected pair: the model, the engine it was gated on and serves on, what that engine computes
+    float ops in (read back from it) and the settings it was measured with."""
+    pair = report.selected_pair
+    candidate = report.candidates.get(pair)
+    computes = candidate.engine_precision if candidate else None
+    settings = report.session_of(pair)
+    shown = ", ".join(f"{k} {v}" for k, v in settings.model_dump().items()) if settings else "not measured"
+    return (f"`{report.selected}` on `{report.selected_engine}`, computing float ops in "
+            f"{computes or 'the graph’s own precision'}; settings: {shown}")
+
+
 def markdown(report: Readable) -> str:
     report = Report.model_validate(report)
-    verdict = (f"**passed** — selected `{report.selected}`" if report.passed
+    verdict = (f"**passed** — selected `{report.selected_pair}`" if report.passed
                else f"**no candidate passed** — selected `baseline`: {report.selection_reason}")
-    lines = [f"# temper report: {report.recipe}", "", verdict, "", *_not_built_lines(report), *_host_lines(report), ""]
+    lines = [f"# temper report: {report.recipe}", "", verdict, "", f"Serving: {engine_line(report)}", "",
+             *_not_built_lines(report), *_host_lines(report), ""]
     metric = report.metric
     head = "| candidate | verdict | size | " + (f"{metric} | drop | " if metric else "") + "failed gates |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
@@ -114,7 +127,8 @@ def _host_lines(report: Report) -> list[str]:
     lines = ["## Host", "",
              f"- CPU: {host.cpu} ({host.arch}); INT8/FP16 features: {features}",
              f"- cores used: {host.usable_cores} (of {host.logical_cpus} logical CPUs); memory {memory}; GPU: {gpus}",
-             f"- onnxruntime {host.onnxruntime} with {', '.join(host.providers)}"]
+             f"- onnxruntime {host.onnxruntime} with {', '.join(host.providers)}",
+             *([f"- openvino {host.openvino}"] if host.openvino else [])]
     target = report.target
     if target:
         lines.append(f"- quantize `preset: auto` → `{target.preset or 'none (ONNX Runtime defaults)'}` "
@@ -310,10 +324,14 @@ def _throughput_figure(report: Report) -> Any:
             if points:
                 sizes, speeds, spreads = zip(*points)
                 half = [v * p / 200 for v, p in zip(speeds, spreads)]
-                ax.errorbar(sizes, speeds, yerr=half, marker="o", capsize=3, label=name,
+                label = f"{name} (selected)" if name == report.selected_pair and report.passed else name
+                ax.errorbar(sizes, speeds, yerr=half, marker="o", capsize=3, label=label,
                             linestyle="--" if name == "baseline" else "-")
         batch_sizes = sorted({m.batch_size for ms in series.values() for m in ms})
-        ax.set(xscale="log", xlabel="batch size", ylabel="samples/s", title=f"{report.recipe} on {provider}")
+        computes = {c.engine_precision for c in report.candidates.values() if c.engine == provider} - {None}
+        title = f"{report.recipe} on {provider}" + (f" (computes in {', '.join(sorted(computes))})"  # type: ignore[arg-type]
+                                                    if computes else "")
+        ax.set(xscale="log", xlabel="batch size", ylabel="samples/s", title=title)
         ax.set_xticks(batch_sizes, [str(b) for b in batch_sizes])
         ax.minorticks_off()
         ax.set_ylim(bottom=0)

@@ -20,10 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import GenerateJsonSchema
 
 from temper.artifacts.host import HostProfile
+from temper.artifacts.openvino_session import OpenVinoSettings
 from temper.artifacts.providers import Provider
 from temper.artifacts.session import SessionSettings
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 FILE = "report.json"
 
 Verdict = Literal["pass", "fail", "inconclusive"]
@@ -101,10 +102,10 @@ class Load(_Model):
 
 
 class Measurement(_Model):
-    """Throughput of one model at one batch size on one provider (validators.throughput.Measurement):
+    """Throughput of one model at one batch size on one engine (validators.throughput.Measurement):
     the median of its interleaved slices."""
 
-    provider: Provider
+    provider: Provider = Field(description="the engine: a row of artifacts/providers.py")
     batch_size: int = Field(ge=1)
     runs: int = Field(ge=1, description="timed inference calls")
     samples: int = Field(ge=1, description="runs * batch_size")
@@ -116,14 +117,16 @@ class Measurement(_Model):
     rounds: int = Field(ge=1, description="interleaved slices this figure is the median of")
     spread_pct: float | None = Field(ge=0, description="(fastest - slowest slice) / median, in %")
     load: Load | None
-    session: SessionSettings | None = Field(
-        description="the ONNX Runtime session settings this figure was measured with, read back from the session "
-                    "(threads chosen per model as serving chooses them); a published bundle's runtime.json records "
-                    "the selected model's")
+    session: SessionSettings | OpenVinoSettings | None = Field(
+        description="the engine settings this figure was measured with, read back from the session or compiled "
+                    "model: ONNX Runtime's (threads chosen per model as serving chooses them) or OpenVINO's "
+                    "(inference precision, threads, streams, performance hint); a published bundle's runtime.json "
+                    "records the selected pair's")
 
 
 class CandidateMeasurement(Measurement):
-    """A candidate's measurement, with its speedup over the baseline's at the same batch size."""
+    """A pair's measurement, with its speedup over the reference's (the baseline on the first engine) at the
+    same batch size."""
 
     speedup: float = Field(gt=0, description="geometric mean of the paired per-round ratios")
     speedup_interval: Interval | None = Field(description="its confidence interval (null below two rounds)")
@@ -208,8 +211,14 @@ class Census(_Model):
 
 
 class Candidate(_Model):
-    """Everything decided about one candidate."""
+    """Everything decided about one (model, engine) pair: keyed by the model's name on the first engine
+    listed, model@engine on another (validators/pairs.py)."""
 
+    model: str = Field(description="the built model: the baseline or a candidate of the recipe")
+    engine: Provider = Field(description="the engine it was gated on and would serve on")
+    engine_precision: str | None = Field(
+        description="what the engine computes float ops in, read back from it (OpenVINO's INFERENCE_PRECISION_HINT: "
+                    "f32, bf16); null: the graph's own (ONNX Runtime)")
     passed: bool = Field(description="every gate passed")
     precision: str | None = Field(description="what the graph is, from its census: fp32, fp16, int8-static or "
                                               "int8-dynamic (null: it did not build)")
@@ -226,7 +235,10 @@ class Candidate(_Model):
 
 
 class Baseline(_Model):
+    """The reference every pair is measured against: the FP32 baseline on the first engine listed."""
+
     metric: float | None
+    engine: Provider
     throughput: list[Measurement]
 
 
@@ -308,7 +320,7 @@ class Report(_Model):
 
     model_config = ConfigDict(title="temper report.json")
 
-    schema_version: Literal[3]
+    schema_version: Literal[4]
     recipe: str
     host: HostProfile = Field(description="the machine every figure was measured on")
     target: Target | None = Field(description="what quantize's preset auto resolved to, and why")
@@ -325,16 +337,19 @@ class Report(_Model):
         default_factory=dict, description="validate.throughput.session_search: per model (baseline or candidate), "
                                           "one search per provider that has settings to try")
     select: Literal["fastest-passing", "smallest-passing"]
-    selected: str = Field(description="the selected candidate, or baseline when no candidate passed")
+    selected: str = Field(description="the selected model (a candidate, or baseline): its folder and what the "
+                                      "serving bundle ships")
+    selected_engine: Provider = Field(description="the engine the selected model was gated on and serves on")
+    selected_pair: str = Field(description="the selected pair's key in candidates (baseline: the reference)")
     selection_reason: str | None = Field(description="why the baseline was selected (null when a candidate was): no "
                                                      "candidate passed every gate, or none that did beat the baseline")
     passed: bool = Field(description="a candidate was selected: it passed every gate and beat the baseline "
                                      "(false: the baseline is selected, selection_reason says why)")
 
-    def session_of(self, name: str) -> SessionSettings | None:
-        """The session settings `name` (a candidate or baseline) was measured with on the first provider
-        measured: what its serving bundle records. None when nothing was measured."""
-        figures = self.baseline.throughput if name == "baseline" else self.candidates[name].throughput
+    def session_of(self, pair: str) -> SessionSettings | OpenVinoSettings | None:
+        """The engine settings `pair` (a candidates key, or baseline: the reference) was measured with: what
+        its serving bundle records. None when nothing was measured."""
+        figures = self.baseline.throughput if pair == "baseline" else self.candidates[pair].throughput
         return figures[0].session if figures else None
 
 

@@ -1,8 +1,8 @@
 """Interleaved rounds: the timing loop behind every paired speed comparison temper makes.
 
-The speed gates (validators/validation.py) compare each candidate with the baseline, and the session
-settings search (validators/session_search.py) compares each setting with the default one, the same
-way: sessions built once, each model or setting timed in slices that take turns in an order rotating
+The speed gates (validators/benches.py) compare each (model, engine) pair with the reference pair, and
+the session settings search (validators/session_search.py) compares each setting with the default one,
+the same way: sessions built once, each model or setting timed in slices that take turns in an order rotating
 every round, so a burst of load hits all alike; the round's ratio to the reference is one paired
 observation for validators/speedup.py's interval. After ROUNDS rounds, only the reference and those
 still undecided go on, round by round, up to a bound.
@@ -15,11 +15,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
 from temper.artifacts.host import Load, LoadMeter
 from temper.artifacts.layout import Layout
-from temper.validators.throughput import Measurement, measure
+from temper.validators.throughput import Measurement, Session, measure
 
 ROUNDS = 5  # rounds every model gets; more only while a comparison is undecided
 SLICE_WARMUP_S = 0.05  # later slices reuse a warm session: a few calls re-fill the caches
@@ -27,13 +26,12 @@ SLICE_WARMUP_S = 0.05  # later slices reuse a warm session: a few calls re-fill 
 
 @dataclass
 class Bench:
-    """One provider and batch size: every model's slices by round, and what else ran meanwhile."""
+    """One batch size: every timed key's slices by round, and what else ran meanwhile."""
 
-    provider: str
     batch_size: int
-    slices: dict[str, dict[int, Measurement]]  # model -> round -> slice
+    reference: str  # the key every ratio is taken over
+    slices: dict[str, dict[int, Measurement]]  # key -> round -> slice
     load: Load | None = None
-    reference: str = "baseline"  # what every ratio is taken over
 
     def ratios(self, name: str) -> list[float]:
         """Paired per-round ratios: `name`'s slice over the reference's slice of the same round."""
@@ -58,11 +56,12 @@ class Timing:
     most_rounds: int
 
 
-def interleave(bench: Bench, sessions: dict[str, ort.InferenceSession], paths: dict[str, Path],
+def interleave(bench: Bench, sessions: dict[str, Session], paths: dict[str, tuple[Path, str]],
                sample: dict[str, np.ndarray], layout: Layout, timing: Timing,
                undecided: Callable[[Bench, str], bool], more: Callable[[Bench, int, list[str]], None] = lambda *_: None,
                ) -> Bench:
-    """Time every session of `sessions` (the reference first) in rotating rounds into `bench`: ROUNDS
+    """Time every session of `sessions` (the reference first; `paths`: each key's model and engine, a
+    provider of artifacts/providers.py) in rotating rounds into `bench`: ROUNDS
     rounds, then the reference and each `undecided(bench, name)` one, until none is or `most_rounds`
     ran. `more(bench, next_round, names)` hears each extra round before it runs."""
     meter = LoadMeter()
@@ -71,8 +70,9 @@ def interleave(bench: Bench, sessions: dict[str, ort.InferenceSession], paths: d
         shift = round_ % len(active)
         for name in active[shift:] + active[:shift]:
             warmup = timing.warmup_s if round_ == 0 else min(timing.warmup_s, SLICE_WARMUP_S)
-            bench.slices[name][round_] = measure(paths[name], sample, bench.batch_size, bench.provider,
-                                                 timing.slice_s, warmup, session=sessions[name], layout=layout)
+            path, engine = paths[name]
+            bench.slices[name][round_] = measure(path, sample, bench.batch_size, engine, timing.slice_s, warmup,
+                                                 session=sessions[name], layout=layout)
         if round_ + 1 < ROUNDS:
             continue
         still = [name for name in active if name != bench.reference and undecided(bench, name)]

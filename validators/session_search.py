@@ -28,14 +28,13 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
-import onnxruntime as ort
 from pydantic import BaseModel
 
 from temper.artifacts.host import HostProfile
 from temper.artifacts.layout import Layout
 from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
 from temper.validators.speedup import Speedup, estimate
-from temper.validators.throughput import default_settings, session_for, tuned_session
+from temper.validators.throughput import Session, default_settings, session_for, tuned_session
 
 MOST_ROUNDS = 2 * ROUNDS  # ROUNDS for every setting, then as many again while one is undecided
 DEFAULT = "default"  # the name of the settings every row is compared with
@@ -119,7 +118,7 @@ class Plan:
 
 @dataclass
 class Found:
-    session: ort.InferenceSession  # built from the kept settings
+    session: Session  # built from the kept settings
     record: dict[str, Any]  # report_model.SessionSearch's fields
 
 
@@ -146,12 +145,12 @@ def search(path: Path, plan: Plan, sample: dict[str, np.ndarray], layout: Layout
     sessions = {key: session_for(path, plan.provider, value) for key, value in settings.items()}
     slice_s = plan.budget_s / (len(plan.batch_sizes) * len(sessions) * MOST_ROUNDS)
     timing = Timing(slice_s, min(plan.warmup_s, slice_s), MOST_ROUNDS)
-    paths = dict.fromkeys(sessions, path)
+    paths = dict.fromkeys(sessions, (path, plan.provider))
 
     def undecided(bench: Bench, key: str) -> bool:
         return estimate(bench.ratios(key), plan.confidence).decide(1.0) == "undecided"
 
-    benches = [interleave(Bench(plan.provider, size, {key: {} for key in sessions}, reference=DEFAULT), sessions,
+    benches = [interleave(Bench(size, DEFAULT, {key: {} for key in sessions}), sessions,
                           paths, sample, layout, timing, undecided) for size in plan.batch_sizes]
     trials = [Trial(row, settings[row.name].model_dump(),
                     {b.batch_size: estimate(b.ratios(row.name), plan.confidence) for b in benches}) for row in rows]
@@ -171,7 +170,7 @@ def search(path: Path, plan: Plan, sample: dict[str, np.ndarray], layout: Layout
 
 
 def sessions_for(models: dict[str, Path], plan: Plan, enabled: bool, sample: dict[str, np.ndarray], layout: Layout,
-                 records: Records | None, progress: Progress) -> tuple[dict[str, ort.InferenceSession],
+                 records: Records | None, progress: Progress) -> tuple[dict[str, Session],
                                                                        dict[str, dict[str, Any]]]:
     """The session each model is gated with on plan.provider, and each search's record: searched when
     `enabled` and the engine has rows, else tuned_session's (the thread choice serving makes at start)."""

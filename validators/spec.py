@@ -134,12 +134,15 @@ class ThroughputSpec(Strict):
     """Batched throughput of the baseline and every candidate; `min_speedup` gates each batch size."""
 
     batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
-    providers: list[Provider] = Field(default_factory=lambda: list[Provider](["cpu"]), min_length=1)
+    providers: list[Provider] = Field(
+        default_factory=lambda: list[Provider](["cpu"]), min_length=1,
+        description="the engines every model is paired with (artifacts/providers.py); the first is the reference "
+                    "every pair's speedup is measured against (the baseline on it)")
     duration_s: float = Field(
         3.0, gt=0, allow_inf_nan=False, description="timed seconds per model, batch size and provider")
     warmup_s: float = Field(0.5, ge=0, allow_inf_nan=False)
     min_speedup: float | None = Field(None, gt=0, allow_inf_nan=False,
-                                      description="candidate samples/s over baseline samples/s")
+                                      description="a pair's samples/s over the baseline's on the first provider")
     speedup_at: list[PositiveInt] | None = Field(
         None, description="batch sizes the min_speedup gate applies to (default: every measured one)")
     confidence: float = Field(

@@ -1,6 +1,7 @@
 """Throughput: warm-up, then timed calls for a fixed duration, on exactly the provider asked for.
 
-A provider that ONNX Runtime does not activate is an error, never a quiet CPU number. Inputs
+A provider that ONNX Runtime does not activate is an error, never a quiet CPU number; so is an
+OpenVINO engine that offers no device or computes in another precision than its row names. Inputs
 are built (and on a GPU, copied to it) once before the timed loop, so the loop times the model.
 """
 
@@ -12,27 +13,31 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import psutil
 
+from temper.artifacts import openvino_session
 from temper.artifacts.engines import choose_threads
 from temper.artifacts.errors import EnvironmentProblem, OptionError
-from temper.artifacts.host import usable_cores
+from temper.artifacts.host import HostProfile, profile, usable_cores
 from temper.artifacts.layout import AXIS0, Layout, default_axes
 from temper.artifacts.onnx_io import dims, fixed_batch, load_structure
-from temper.artifacts.providers import CPU, PROVIDERS, Provider
+from temper.artifacts.openvino_session import OpenVinoSession
+from temper.artifacts.providers import CPU, PROVIDERS, Provider, is_openvino
 from temper.artifacts.session import SessionSettings, open_session, settings_of
+
+Session: TypeAlias = ort.InferenceSession | OpenVinoSession  # what every model is measured and evaluated on
 
 _PERCENTILES = (50, 90, 95, 99)
 
 
 @dataclass(frozen=True)
 class Measurement:
-    provider: str  # "cpu" | "cuda" | "tensorrt"
+    provider: str  # a row of artifacts.providers: "cpu", "cuda", "tensorrt", "openvino", "openvino-bf16"
     batch_size: int
     runs: int  # timed inference calls
     samples: int  # runs * batch_size: what the count claims
@@ -44,17 +49,33 @@ class Measurement:
     rounds: int = 1  # interleaved slices this figure is the median of
     spread_pct: float | None = None  # (fastest - slowest slice) / median, in %: the noise across rounds
     load: dict[str, float | None] | None = None  # artifacts.host.Load while it was measured
-    session: dict[str, Any] | None = None  # artifacts.session.SessionSettings the session really ran with
+    session: dict[str, Any] | None = None  # SessionSettings / OpenVinoSettings the session really ran with
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def require_available(provider: str) -> None:
-    """Fail early (before any model is built) when this onnxruntime cannot offer `provider` at all."""
+def require_available(provider: str, host: HostProfile | None = None) -> None:
+    """Fail early (before any model is built) when this host cannot offer `provider` at all: an ONNX Runtime
+    provider this onnxruntime lacks, OpenVINO not installed or offering no CPU device, or a BF16 engine on a
+    CPU whose profile reports no native BF16 (decided by its ISA flags, never by its name)."""
     if provider not in PROVIDERS:
         raise ValueError(f"unknown provider '{provider}'; choose from {', '.join(PROVIDERS)}")
-    info, available = PROVIDERS[provider], ort.get_available_providers()
+    info = PROVIDERS[provider]
+    key = "validate.throughput.providers"
+    if is_openvino(provider):
+        if openvino_session.version() is None:
+            raise EnvironmentProblem(f"{key}: '{provider}' needs OpenVINO, which is not installed: {info.install}")
+        if openvino_session.DEVICE not in openvino_session.devices():
+            raise EnvironmentProblem(f"{key}: '{provider}': OpenVINO offers no CPU device here (devices: "
+                                     f"{', '.join(openvino_session.devices()) or 'none'})")
+        host = host or profile()
+        if info.host_flags and not (host.features_known and any(f in host.features for f in info.host_flags)):
+            seen = " ".join(host.features) if host.features_known else "unknown"
+            raise EnvironmentProblem(f"{key}: '{provider}' needs a CPU with native BF16 "
+                                     f"({' or '.join(info.host_flags)}); this host ({host.cpu}) reports {seen}")
+        return
+    available = ort.get_available_providers()
     if info.ort not in available:
         raise EnvironmentProblem(
             f"provider '{provider}' ({info.ort}) requested but this onnxruntime has only {', '.join(available)}: "
@@ -68,11 +89,17 @@ def default_settings() -> SessionSettings:
     return SessionSettings(intra_op_threads=usable_cores())
 
 
-def session_for(path: Path, provider: str, settings: SessionSettings | None = None) -> ort.InferenceSession:
-    """A session built from `settings` (default_settings()) whose graph runs on `provider`;
-    onnxruntime-gpu falls back to CPU silently, so check."""
+def session_for(path: Path, provider: str, settings: SessionSettings | None = None) -> Session:
+    """A session built from `settings` (default_settings()) whose graph runs on `provider`, checked
+    against what the session itself reports: onnxruntime-gpu falls back to CPU silently, and a plugin
+    provider may register without a device; on OpenVINO, the compiled model's device and precision."""
     require_available(provider)
-    info, available = PROVIDERS[cast(Provider, provider)], ort.get_available_providers()
+    info = PROVIDERS[cast(Provider, provider)]
+    if is_openvino(provider):
+        assert info.precision is not None
+        threads = (settings or default_settings()).intra_op_threads
+        return openvino_session.open_engine(path, info.precision, threads)
+    available = ort.get_available_providers()
     wanted = info.ort
     chain = [wanted, *(then for then in info.then if then in available)]
     session = open_session(path, settings or default_settings(), chain)
@@ -86,19 +113,27 @@ def session_for(path: Path, provider: str, settings: SessionSettings | None = No
 
 
 def tuned_session(path: Path, provider: str, sample: dict[str, np.ndarray],
-                  layout: Layout = AXIS0) -> ort.InferenceSession:
+                  layout: Layout = AXIS0) -> Session:
     """The session `path` is measured with on `provider`, threads chosen once for this model exactly as
     the serving runtime chooses them on its CPU engine (artifacts.engines.choose_threads, batch-1 rows
-    of `sample`); on a GPU provider, default_settings() as serving uses there. A bundle records the
-    kept session's settings (Measurement.session), so serving runs what was measured."""
+    of `sample`); on a GPU provider, default_settings() as serving uses there; on OpenVINO, all usable
+    cores, one stream, the latency hint. A bundle records the kept session's settings
+    (Measurement.session), so serving runs what was measured."""
     session = session_for(path, provider)
-    if provider != "cpu":
+    if provider != "cpu" or isinstance(session, OpenVinoSession):
         return session
     structure = load_structure(path)
     rows = fixed_batch(structure, layout) or 1
     kept, _, _ = choose_threads(path, session, default_settings(), batch_of(structure, sample, rows, layout),
                                 [CPU])
     return kept
+
+
+def recorded_settings(session: Session) -> dict[str, Any]:
+    """The settings a session really runs with, read back from it, as report.json records them."""
+    if isinstance(session, OpenVinoSession):
+        return session.settings.model_dump()
+    return settings_of(session).model_dump()
 
 
 def fits_in_memory(sample: dict[str, np.ndarray], batch_size: int) -> str | None:
@@ -221,7 +256,7 @@ def random_inputs(model: onnx.ModelProto, rows: int, sizes: dict[str, int],
 
 def measure(
     path: Path, sample: dict[str, np.ndarray], batch_size: int, provider: str, duration_s: float, warmup_s: float,
-    session: ort.InferenceSession | None = None, layout: Layout = AXIS0,
+    session: Session | None = None, layout: Layout = AXIS0,
 ) -> Measurement:
     """Warm up for `warmup_s` (at least one call), then time calls until `duration_s` has elapsed.
 
@@ -233,7 +268,8 @@ def measure(
     """
     feed = batch_of(load_structure(path), sample, batch_size, layout)
     session = session or session_for(path, provider)
-    call = _bound_call(session, feed, "cpu" if provider == "cpu" else "cuda")
+    call = (session.bound_call(feed) if isinstance(session, OpenVinoSession)
+            else _bound_call(session, feed, "cuda" if PROVIDERS[cast(Provider, provider)].gpu else "cpu"))
 
     peak = _rss_mb()
     warm_until = time.perf_counter() + warmup_s
@@ -265,7 +301,7 @@ def measure(
         latency_ms={f"p{p}": float(q) for p, q in zip(_PERCENTILES, quantiles)},
         peak_rss_mb=peak,
         gpu_mem_mb=None,
-        session=settings_of(session).model_dump(),
+        session=recorded_settings(session),
     )
 
 

@@ -17,15 +17,18 @@ from temper.artifacts import onnx_io
 from temper.artifacts.errors import RecipeError
 from temper.artifacts.host import HostProfile, profile
 from temper.artifacts.layout import AXIS0, Layout
+from temper.artifacts.openvino_session import OpenVinoSession
+from temper.artifacts.providers import is_openvino
 from temper.calibration.sources import Dataset
 from temper.validators import report_model, scoring
+from temper.validators.benches import Bench, bench_all
 from temper.validators.census import Census, of_file
 from temper.validators.evaluate import predict
 from temper.validators.fidelity import compare_outputs, fidelity_gates
 from temper.validators.gates import Gate, Verdict, at_most, select
-from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
-from temper.validators.session_search import Plan, Records, sessions_for
-from temper.validators.spec import ThroughputSpec, ValidateSpec
+from temper.validators.pairs import BASELINE, Pair, pairs, reference, split
+from temper.validators.session_search import Records
+from temper.validators.spec import ValidateSpec
 from temper.validators.speedup import Speedup, estimate
 from temper.validators.throughput import Measurement, batch_of, session_for
 from temper.validators.truth import truth_gates
@@ -66,13 +69,15 @@ class Subject:
 
 @dataclass
 class CandidateResult:
-    verdict: Verdict
+    verdict: Verdict  # named by the pair's key: the model's name on the reference engine, else model@engine
+    pair: Pair
     metric: float | None = None
     drop: float | None = None
     fidelity: list[report_model.Comparison] = field(default_factory=list)
     throughput: list[tuple[Measurement, Speedup]] = field(default_factory=list)  # with its speedup interval
     tuning: dict[str, Any] | None = None  # the quantize fallback's record (tuning.json), when it ran
     census: Census | None = None  # what the built graph computes in (None: it did not build)
+    engine_precision: str | None = None  # what the engine computes float ops in, read back (OpenVINO); None: graph
 
 
 @dataclass
@@ -82,9 +87,9 @@ class Validation:
     metric_name: str | None
     baseline_metric: float | None
     allowed_drop: float | None
-    baseline_throughput: list[Measurement]
-    candidates: list[CandidateResult]
-    selected: str  # a candidate, or "baseline" when none passed or none that passed beat it
+    baseline_throughput: list[Measurement]  # the reference pair's: the baseline on the first engine
+    candidates: list[CandidateResult]  # every other pair
+    selected: str  # a pair's key, or "baseline" when none passed or none that passed beat the reference
     reason: str | None  # why the baseline was selected
     session_searches: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # model -> one per provider
 
@@ -97,9 +102,22 @@ class Validation:
 Progress = Callable[[str], None]
 
 
+def engines_of(spec: ValidateSpec) -> list[str]:
+    """The engines a recipe pairs its models with: validate.throughput.providers, else ONNX Runtime's CPU."""
+    return list(spec.throughput.providers) if spec.throughput else ["cpu"]
+
+
+def evaluated_on(engine: str) -> str:
+    """Where a pair's accuracy and fidelity are measured: on OpenVINO, its own engine (a BF16 engine is
+    gated on its own outputs); on ONNX Runtime, its CPU provider, as before engines were pairs."""
+    return engine if is_openvino(engine) else "cpu"
+
+
 def validate(subject: Subject, progress: Progress = lambda _: None) -> Validation:
     spec = subject.spec
     host = profile()
+    engines = engines_of(spec)
+    ref = reference(engines)
     built = {name: path for name, path in subject.candidates.items() if isinstance(path, Path)}
     sample = {k: v[: max(spec.throughput.batch_sizes) if spec.throughput else 1]
               for k, v in subject.evaluation.features.items()}
@@ -107,45 +125,72 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
         _precheck_throughput(subject, built, sample)
 
     progress("baseline › evaluate")
-    base_out = predict(subject.baseline, subject.evaluation.features, subject.eval_batch_size, subject.layout)
-    ref = None
+    base_out = predict(subject.baseline, subject.evaluation.features, subject.eval_batch_size, subject.layout,
+                       evaluated_on(ref.engine))
+    scorer = None
     if spec.accuracy:
-        ref = scoring.reference(spec, subject.baseline, base_out, subject.outputs, subject.evaluation,
-                                subject.calibration, subject.eval_batch_size, subject.base, subject.recipe_file,
-                                subject.layout)
+        scorer = scoring.reference(spec, subject.baseline, base_out, subject.outputs, subject.evaluation,
+                                   subject.calibration, subject.eval_batch_size, subject.base, subject.recipe_file,
+                                   subject.layout)
 
-    searches: dict[str, list[dict[str, Any]]] = {}
-    benches = _bench_all(subject, {"baseline": subject.baseline, **built}, sample, host, searches, progress)
+    paths = {BASELINE: subject.baseline, **built}
+    measured = {pair.key(ref.engine): (pair, paths[pair.model]) for pair in pairs(list(built), engines)}
+    benches, searches = bench_all(spec.throughput, measured, ref.key(ref.engine), sample, progress, subject.layout,
+                                  host, subject.records)
+    outputs = {(BASELINE, evaluated_on(ref.engine)): base_out}
     results = []
-    for name, path in subject.candidates.items():
-        result = CandidateResult(Verdict(name))
+    for pair in pairs(list(subject.candidates), engines):
+        key, path = pair.key(ref.engine), paths.get(pair.model)
+        if pair == ref or (path is None and pair.engine != ref.engine):
+            continue  # a model that did not build is reported once, on the reference engine
+        result = CandidateResult(Verdict(key), pair)
         results.append(result)
-        if not isinstance(path, Path):
-            result.verdict.gates.append(Gate("build", False, None, None, path, kind="build"))
+        if path is None:
+            why = subject.candidates[pair.model]
+            result.verdict.gates.append(Gate("build", False, None, None, str(why), kind="build"))
             continue
         result.verdict.bytes = path.stat().st_size
-        result.tuning = subject.tunings.get(name)
+        result.tuning = subject.tunings.get(pair.model)
         result.verdict.gates.append(Gate("build", True, None, None, "built", kind="build"))
         result.census = of_file(path)
-        result.verdict.gates += truth_gates(result.census, subject.precisions.get(name), result.tuning)
-        progress(f"{name} › evaluate")
-        out = predict(path, subject.evaluation.features, subject.eval_batch_size, subject.layout)
-        if ref is not None:
-            result.metric, result.drop = ref.score(out)
-            result.verdict.gates.append(at_most("accuracy", "accuracy", result.drop, ref.allowed,
-                                                f"{ref.metric.name} drop"))
+        result.verdict.gates += truth_gates(result.census, subject.precisions.get(pair.model), result.tuning)
+        where = (pair.model, evaluated_on(pair.engine))
+        if where not in outputs:
+            progress(f"{key} › evaluate")
+            outputs[where] = predict(path, subject.evaluation.features, subject.eval_batch_size, subject.layout,
+                                     where[1])
+        out = outputs[where]
+        if scorer is not None:
+            result.metric, result.drop = scorer.score(out)
+            result.verdict.gates.append(at_most("accuracy", "accuracy", result.drop, scorer.allowed,
+                                                f"{scorer.metric.name} drop"))
         result.fidelity = compare_outputs(base_out, out, spec)  # whole outputs, then the recipe's slices
         result.verdict.gates += fidelity_gates(result.fidelity, spec)
-        result.throughput = [_speed(bench, name, spec) for bench in benches]
+        result.throughput = [_speed(bench, key, spec) for bench in benches]
         result.verdict.gates += [g for bench, (_, up) in zip(benches, result.throughput)
-                                 if (g := _speed_gate(bench, up, spec)) is not None]
+                                 if (g := _speed_gate(bench, up, pair.engine, spec)) is not None]
         result.verdict.speed, result.verdict.speedup = _rank_speed(result.throughput, spec)
+        result.engine_precision = _engine_precision(result, pair, path)
     base_bytes = subject.baseline.stat().st_size
     selected = select([r.verdict for r in results], subject.rule, base_bytes)
     reason = None if selected else why_baseline(results, host, subject.precisions, subject.rule, spec, base_bytes)
-    return Validation(subject, host, ref.metric.name if ref else None, ref.value if ref else None,
-                      ref.allowed if ref else None, [bench.figure("baseline") for bench in benches], results,
-                      selected or "baseline", reason, searches)
+    return Validation(subject, host, scorer.metric.name if scorer else None, scorer.value if scorer else None,
+                      scorer.allowed if scorer else None,
+                      [bench.figure(ref.key(ref.engine)) for bench in benches], results, selected or BASELINE, reason,
+                      searches)
+
+
+def _engine_precision(result: CandidateResult, pair: Pair, path: Path) -> str | None:
+    """The precision an OpenVINO pair's engine computes in, as its compiled model reported it: the speed
+    figures' read-back settings, else a session's (session_for refuses one that reports another than asked)."""
+    if not is_openvino(pair.engine):
+        return None
+    for measurement, _ in result.throughput:
+        if measurement.session and "inference_precision" in measurement.session:
+            return str(measurement.session["inference_precision"])
+    session = session_for(path, pair.engine)
+    assert isinstance(session, OpenVinoSession)  # an OpenVINO row's session
+    return str(session.settings.inference_precision)
 
 
 def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[str, np.ndarray]) -> None:
@@ -163,71 +208,28 @@ def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[
                                   f"{name}: {exc}") from None
 
 
-def _bench_all(subject: Subject, models: dict[str, Path], sample: dict[str, np.ndarray], host: HostProfile,
-               searches: dict[str, list[dict[str, Any]]], progress: Progress) -> list[Bench]:
-    """Throughput of every model, side by side (validators/rounds.py): for each provider and batch size the
-    models take turns in slices of duration_s / ROUNDS on sessions created once, each model's session
-    searched first with validate.throughput.session_search (its records into `searches`), else with the
-    thread choice serving makes (validators/session_search.py's sessions_for). After ROUNDS rounds, the
-    baseline and the candidates still undecided (a speed gate, or at the ranking size whether they beat
-    the baseline at all) go on, round by round, until each is decided or has been timed for the recipe's
-    budget."""
-    spec = subject.spec.throughput
-    if spec is None:
-        return []
-    benches = []
-    slice_s = spec.duration_s / ROUNDS
-    timing = Timing(slice_s, spec.warmup_s, max(ROUNDS, round(spec.budget_s / slice_s)))
-
-    def undecided(bench: Bench, name: str) -> bool:
-        return _undecided(estimate(bench.ratios(name), spec.confidence), bench.batch_size, bench.provider, spec)
-
-    def more(bench: Bench, round_: int, names: list[str]) -> None:
-        progress(f"throughput › {bench.provider} batch {bench.batch_size}: more rounds for {', '.join(names)} "
-                 f"(round {round_})")
-
-    for provider in spec.providers:
-        progress(f"throughput › {provider}: sessions for {', '.join(models)}")
-        plan = Plan(provider, spec.batch_sizes, spec.confidence, spec.session_search_s, spec.warmup_s, host)
-        sessions, found = sessions_for(models, plan, spec.session_search, sample, subject.layout, subject.records,
-                                       progress)
-        for name, record in found.items():
-            searches.setdefault(name, []).append(record)
-        for size in spec.batch_sizes:
-            progress(f"throughput › {provider} batch {size}: {', '.join(models)}")
-            benches.append(interleave(Bench(provider, size, {name: {} for name in models}), sessions, models, sample,
-                                      subject.layout, timing, undecided, more))
-    return benches
-
-
-def _undecided(up: Speedup, size: int, provider: str, spec: ThroughputSpec) -> bool:
-    """Whether more rounds could settle something: a speed gate at `size`, or, at the ranking batch
-    size and provider, whether the candidate is faster than the baseline at all (selection's rule)."""
-    gate = (spec.min_speedup is not None and size in spec.gated_sizes
-            and up.decide(spec.min_speedup) == "undecided")
-    ranking = (provider, size) == (spec.providers[0], max(spec.batch_sizes)) and up.decide(1.0) == "undecided"
-    return gate or ranking
-
-
 def _speed(bench: Bench, name: str, spec: ValidateSpec) -> tuple[Measurement, Speedup]:
     assert spec.throughput is not None
     return bench.figure(name), estimate(bench.ratios(name), spec.throughput.confidence)
 
 
-def _speed_gate(bench: Bench, up: Speedup, spec: ValidateSpec) -> Gate | None:
-    """The min_speedup gate at one batch size, decided on the interval; None where it does not apply."""
+def _speed_gate(bench: Bench, up: Speedup, engine: str, spec: ValidateSpec) -> Gate | None:
+    """The min_speedup gate of a pair on `engine` at one batch size, over the reference (the baseline on
+    the first engine), decided on the interval; None where it does not apply."""
     throughput = spec.throughput
     if throughput is None or throughput.min_speedup is None or bench.batch_size not in throughput.gated_sizes:
         return None
-    minimum, where = throughput.min_speedup, f"at batch {bench.batch_size} on {bench.provider}"
-    name, interval = f"throughput.{bench.provider}.b{bench.batch_size}", (
+    minimum, where = throughput.min_speedup, f"at batch {bench.batch_size} on {engine}"
+    if engine != throughput.providers[0]:
+        where += f" over the baseline on {throughput.providers[0]}"
+    name, interval = f"throughput.{engine}.b{bench.batch_size}", (
         (up.low, up.high) if up.low is not None and up.high is not None else None)
     level = f"{throughput.confidence:.0%}"
     decision = up.decide(minimum)
 
     def gate(passed: bool, detail: str, verdict: str) -> Gate:
         return Gate(name, passed, up.ratio, minimum, detail, verdict, interval, kind="throughput",
-                    provider=bench.provider, batch_size=bench.batch_size)
+                    provider=engine, batch_size=bench.batch_size)
 
     if decision == "pass":
         return gate(True, f"speedup {where} {up.shown()} ({level}, {up.rounds} rounds): all of it >= {minimum:g}",
@@ -242,12 +244,12 @@ def _speed_gate(bench: Bench, up: Speedup, spec: ValidateSpec) -> Gate | None:
 
 
 def _rank_speed(mine: list[tuple[Measurement, Speedup]], spec: ValidateSpec) -> tuple[float | None, Speedup | None]:
-    """The ranking figure, samples/s at the largest batch size on the first provider, and the speedup
-    over the baseline there (the interval selection asks to lie above 1.0)."""
+    """The ranking figure, a pair's samples/s at the largest batch size on its engine, and the speedup over
+    the reference there (the interval selection asks to lie above 1.0)."""
     if not mine or spec.throughput is None:
         return None, None
-    key = (spec.throughput.providers[0], max(spec.throughput.batch_sizes))
-    return next((m.samples_per_s, up) for m, up in mine if (m.provider, m.batch_size) == key)
+    size = max(spec.throughput.batch_sizes)
+    return next((m.samples_per_s, up) for m, up in mine if m.batch_size == size)
 
 
 def why_baseline(results: list[CandidateResult], host: HostProfile, precisions: dict[str, str],
@@ -267,7 +269,7 @@ def why_baseline(results: list[CandidateResult], host: HostProfile, precisions: 
             what = (f"{name} is {gate.measured:.2f}x the baseline at batch {gate.batch_size}"
                     if gate.verdict == "fail"
                     else f"{name}'s speedup could not be told from noise ({gate.measured:.2f}x)")
-            hint = _host_hint(precisions.get(name, ""), host, gate.provider or "")
+            hint = _host_hint(precisions.get(result.pair.model, ""), host, gate.provider or "")
             clauses.append(what + (f": {hint}" if hint else ""))
         elif gate.kind == "build":
             clauses.append(f"{name} did not build")
@@ -312,27 +314,31 @@ def build_report(validation: Validation) -> report_model.Report:
     """The report.json contract (validators/report_model.py; written with report_model.dumps)."""
     subject = validation.subject
     throughput = subject.spec.throughput
+    engine = engines_of(subject.spec)[0]
+    chosen = split(validation.selected, engine)
     return report_model.Report(
         schema_version=report_model.SCHEMA_VERSION,
         recipe=subject.recipe_name,
         host=validation.host,
         target=None if subject.preset is None else report_model.Target.model_validate(subject.preset),
         metric=validation.metric_name,
-        baseline=report_model.Baseline(metric=validation.baseline_metric,
+        baseline=report_model.Baseline(metric=validation.baseline_metric, engine=engine,
                                        throughput=[_measurement(m) for m in validation.baseline_throughput]),
         allowed_drop=validation.allowed_drop,
         speed_policy=None if throughput is None else report_model.SpeedPolicy(
             min_speedup=throughput.min_speedup, gated_batch_sizes=throughput.gated_sizes,
             confidence=throughput.confidence, max_duration_s=throughput.budget_s,
             inconclusive=throughput.inconclusive),
-        candidates={c.verdict.name: _candidate(c, subject.precisions.get(c.verdict.name))
+        candidates={c.verdict.name: _candidate(c, subject.precisions.get(c.pair.model))
                     for c in validation.candidates},
         searches={name: report_model.Search(trials=s.trials, combinations=s.combinations)
                   for name, s in subject.searches.items()},
         session_searches={name: [report_model.SessionSearch.model_validate(r) for r in records]
                           for name, records in validation.session_searches.items()},
         select=subject.rule,
-        selected=validation.selected,
+        selected=chosen.model,
+        selected_engine=chosen.engine,
+        selected_pair=validation.selected,
         selection_reason=validation.reason,
         passed=validation.passed,
     )
@@ -344,6 +350,9 @@ def _measurement(m: Measurement) -> report_model.Measurement:
 
 def _candidate(c: CandidateResult, precision: str | None) -> report_model.Candidate:
     return report_model.Candidate(
+        model=c.pair.model,
+        engine=c.pair.engine,
+        engine_precision=c.engine_precision,
         passed=c.verdict.passed,
         precision=None if c.census is None else c.census.precision(),
         intended_precision=precision,

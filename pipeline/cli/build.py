@@ -233,7 +233,10 @@ def _print_gates(outcome: flow.Outcome) -> None:
                                     f"with {len(best.float_nodes)} nodes in float; that model is kept, "
                                     "every trial is in report.md. Raise fallback.max_trials or the budget."),
                       soft_wrap=True)
-    out.print(Text.assemble(("selected: ", "green"), verdict.selected))
+    from temper.validators.report import engine_line
+
+    out.print(Text.assemble(("selected: ", "green"), verdict.selected_pair))
+    out.print(Text(f"serving: {engine_line(verdict)}"), soft_wrap=True)
     if verdict.selection_reason:
         out.print(Text(verdict.selection_reason), soft_wrap=True)  # plain text: gate names hold [brackets]
     for name in outcome.missed:

@@ -122,9 +122,12 @@ def bench(
         quantiles = (f"{m.latency_ms[p]:.4g}" for p in ("p50", "p90", "p95", "p99"))
         table.add_row(str(m.batch_size), f"{m.samples_per_s:,.1f}", *quantiles, f"{m.peak_rss_mb:,.0f}")
     settings = results[0].session or {}
+    engine = (f"OpenVINO: computing in {settings.get('inference_precision')} (read back), "
+              f"{settings.get('num_threads')} threads, {settings.get('num_streams')} stream, "
+              f"{settings.get('performance_hint')} hint" if "inference_precision" in settings else
+              f"session: {settings.get('intra_op_threads')} intra-op threads, spinning "
+              f"{'on' if settings.get('spinning') else 'off'}, graph optimization {settings.get('graph_optimization')}")
     table.caption = (f"peak RSS: the whole process, not the model alone; measured on {profile().summary()}; "
-                     f"session: {settings.get('intra_op_threads')} intra-op threads, spinning "
-                     f"{'on' if settings.get('spinning') else 'off'}, graph optimization "
-                     f"{settings.get('graph_optimization')} (as temper serve runs it)")
+                     f"{engine} (as temper serve runs it)")
     out.print(table)
 

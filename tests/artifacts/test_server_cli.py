@@ -100,7 +100,8 @@ def _run_output(folder: Path, tiny: Path, selected: str, publish: dict | None) -
                                "fp16": {"status": "failed", "model": None, "path": None, "error": "broke"}},
                 "models": records}
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    report = {**sample_report(), "selected": selected, "host": profile().model_dump(mode="json")}
+    report = {**sample_report(), "selected": selected, "selected_pair": selected,
+              "host": profile().model_dump(mode="json")}
     (folder / "report.json").write_text(json.dumps(report))
     return folder
 

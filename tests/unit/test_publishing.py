@@ -23,7 +23,7 @@ def test_metrics_of_a_fullsample_report():
 def test_metrics_of_a_report_without_a_metric_or_measurements():
     report = sample_report()
     report.update(metric=None, allowed_drop=None, speed_policy=None)
-    report["baseline"] = {"metric": None, "throughput": []}
+    report["baseline"] = {"metric": None, "engine": "cpu", "throughput": []}
     for c in report["candidates"].values():
         c.update(metric=None, drop=None, throughput=[], fidelity=[])
     report["candidates"]["fp16"]["passed"] = True

@@ -19,7 +19,7 @@ def test_baseline_selection_states_its_reason():
 
 def test_a_passing_report_names_its_selection():
     report = sample_report()
-    report.update(passed=True, selected="int8", selection_reason=None)
+    report.update(passed=True, selected="int8", selected_pair="int8", selection_reason=None)
     report["candidates"]["int8"]["passed"] = True
     jsonschema.validate(report, SCHEMA)
     assert "**passed** — selected `int8`" in markdown(report).splitlines()
@@ -30,7 +30,7 @@ def test_host_section_says_where_figures_were_measured():
     host = lines[lines.index("## Host"):]
     assert "- CPU: Test CPU 9000 (x86_64); INT8/FP16 features: avx512_vnni, avx2" in host
     assert "- cores used: 2 (of 4 logical CPUs); memory 7.5 GiB; GPU: Test GPU (compute capability 9.0)" in host
-    assert "- onnxruntime 1.32.0 with CPUExecutionProvider" in host
+    assert "- onnxruntime 1.32.0 with CPUExecutionProvider" in host and "- openvino 2026.4.1" in host
     assert "- quantize `preset: auto` → `arm64-int8` for target `arm64`: the recipe's target" in host
     assert any(line.startswith("- speed was measured on this host, not on the target") for line in host)
 
@@ -91,7 +91,7 @@ def test_fidelity_table_lists_every_candidate_and_output():
 def test_no_metric_and_no_throughput_leave_their_columns_and_sections_out():
     report = copy.deepcopy(sample_report())
     report.update(metric=None, allowed_drop=None)
-    report["baseline"] = {"metric": None, "throughput": []}
+    report["baseline"] = {"metric": None, "engine": "cpu", "throughput": []}
     for c in report["candidates"].values():
         c.update(metric=None, drop=None, throughput=[])
     report["speed_policy"] = None

@@ -1,0 +1,84 @@
+"""Interleaved throughput of every (model, engine) pair, paired round by round with the reference.
+
+For each batch size every pair takes its turn in slices of duration_s / ROUNDS on sessions created
+once, in an order that rotates every round (validators/rounds.py), so noise from other processes hits
+every pair alike and each round's ratio (pair over reference, the baseline on the first engine) is a
+paired sample. After ROUNDS rounds, the pairs still undecided (a speed gate, or at the ranking batch
+size whether they beat the reference at all) go on, round by round, until each is decided or the
+budget is spent. Each pair's session is the one serving would run: the session settings search's
+pick with validate.throughput.session_search, else the thread choice serving makes at start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from temper.artifacts.host import HostProfile
+from temper.artifacts.layout import Layout
+from temper.validators.pairs import Pair
+from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
+from temper.validators.session_search import Plan, Records, sessions_for
+from temper.validators.spec import ThroughputSpec
+from temper.validators.speedup import Speedup, estimate
+from temper.validators.throughput import Session
+
+Progress = Callable[[str], None]
+
+
+def sessions(spec: ThroughputSpec, pairs: dict[str, tuple[Pair, Path]], sample: dict[str, np.ndarray],
+             layout: Layout, host: HostProfile, records: Records | None, progress: Progress,
+             ) -> tuple[dict[str, Session], dict[str, list[dict[str, Any]]]]:
+    """Each pair's session (validators/session_search.py's sessions_for), and the searches' records by model."""
+    engines = list(dict.fromkeys(pair.engine for pair, _ in pairs.values()))
+    opened: dict[str, Session] = {}
+    searches: dict[str, list[dict[str, Any]]] = {}
+    for engine in engines:
+        mine = {key: (pair.model, path) for key, (pair, path) in pairs.items() if pair.engine == engine}
+        progress(f"throughput › {engine}: sessions for {', '.join(mine)}")
+        plan = Plan(engine, spec.batch_sizes, spec.confidence, spec.session_search_s, spec.warmup_s, host)
+        found, records_of = sessions_for({key: path for key, (_, path) in mine.items()}, plan, spec.session_search,
+                                         sample, layout, records, progress)
+        opened |= found
+        for key, record in records_of.items():
+            searches.setdefault(mine[key][0], []).append(record)
+    return opened, searches
+
+
+def bench_all(spec: ThroughputSpec | None, pairs: dict[str, tuple[Pair, Path]], reference: str,
+              sample: dict[str, np.ndarray], progress: Progress, layout: Layout, host: HostProfile,
+              records: Records | None) -> tuple[list[Bench], dict[str, list[dict[str, Any]]]]:
+    """Throughput of every pair at every batch size (the module's rule), the reference pair first; and
+    the session searches' records by model (none unless validate.throughput.session_search)."""
+    if spec is None:
+        return [], {}
+    opened, searches = sessions(spec, pairs, sample, layout, host, records, progress)
+    slice_s = spec.duration_s / ROUNDS
+    timing = Timing(slice_s, spec.warmup_s, max(ROUNDS, round(spec.budget_s / slice_s)))
+    paths = {key: (path, pair.engine) for key, (pair, path) in pairs.items()}
+    ordered = {reference: opened[reference], **opened}
+
+    def undecided(bench: Bench, key: str) -> bool:
+        return undecided_at(estimate(bench.ratios(key), spec.confidence), bench.batch_size, spec)
+
+    def more(bench: Bench, round_: int, keys: list[str]) -> None:
+        progress(f"throughput › batch {bench.batch_size}: more rounds for {', '.join(keys)} (round {round_})")
+
+    benches = []
+    for size in spec.batch_sizes:
+        progress(f"throughput › batch {size}: {', '.join(pairs)}")
+        benches.append(interleave(Bench(size, reference, {key: {} for key in ordered}), ordered, paths, sample,
+                                  layout, timing, undecided, more))
+    return benches, searches
+
+
+def undecided_at(up: Speedup, size: int, spec: ThroughputSpec) -> bool:
+    """Whether more rounds could settle something: a speed gate at `size`, or, at the ranking batch
+    size, whether the pair is faster than the reference at all (selection's rule)."""
+    gate = (spec.min_speedup is not None and size in spec.gated_sizes
+            and up.decide(spec.min_speedup) == "undecided")
+    ranking = size == max(spec.batch_sizes) and up.decide(1.0) == "undecided"
+    return gate or ranking

@@ -14,10 +14,11 @@ run: $(STAMP)  ## build, gate and publish the digits recipe (the main job)
 	$(BIN)/temper run recipes/digits-cnn.yaml
 
 # Lint, types, then the whole suite, slow end-to-end tests included (target: 15 minutes on 2 cores);
-# plain `pytest` skips those. It prints the 15 slowest tests and the peak RSS (tests/conftest.py;
-# /usr/bin/time is not on a fresh Debian).
+# plain `pytest` skips those. tests/tools/suite.sh runs it in two pytest runs (the MiniLM tests in their
+# own), each printing its 15 slowest tests and its peak RSS (tests/conftest.py; /usr/bin/time is not on
+# a fresh Debian).
 test: lint types $(STAMP) perf-analyzer  ## what CI runs: ruff, mypy, the whole suite
-	$(BIN)/python -m pytest -m "slow or not slow" --durations=15
+	PYTHON=$(BIN)/python tests/tools/suite.sh
 
 # Triton's perf_analyzer for tests/artifacts/test_perf_analyzer.py, in .cache/perf_analyzer (never the venv):
 # downloaded once (tritonclient 2.47.0's binary, libb64, libcudart); later runs find it there.

@@ -125,19 +125,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under `pytest -n`, the tests sharing MiniLM's step cache run on one worker (`--dist loadgroup`),
-    so its export is built once and two MiniLM runs never hold their GiBs at the same time."""
+    """Mark `minilm` every test that loads MiniLM (those sharing its step cache, and tests/recipes/
+    test_minilm_*.py): make test runs them in a pytest process of their own, after the others ran two
+    at a time (`-n 2`), so that a MiniLM run's GiBs never sit beside another test's."""
     for item in items:
-        if "minilm_cache" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("minilm"))
+        if "minilm_cache" in getattr(item, "fixturenames", ()) or item.path.name.startswith("test_minilm_"):
+            item.add_marker(pytest.mark.minilm)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """Print the run's peak resident memory, so CI shows whether the suite still fits its machine
-    (2 cores, 24 GiB shared; target: under 4 GiB)."""
+    """Print this pytest run's peak resident memory, so CI shows whether the suite still fits its machine
+    (2 cores, 24 GiB shared; target: under 4 GiB). make test's two runs follow each other, so the
+    suite's peak is the larger of the two lines."""
     memory = config.stash.get(_MEMORY, None)
     if memory is not None:
-        terminalreporter.write_sep("-", f"peak RSS of the whole run (every process, summed): "
+        terminalreporter.write_sep("-", f"peak RSS of this pytest run (every process, summed): "
                                         f"{memory.peak / 2**30:.2f} GiB")
 
 

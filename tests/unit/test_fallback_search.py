@@ -53,6 +53,7 @@ def _search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ranking: list[str],
                         lambda prepared, path, options, nodes: Path(path).write_text(json.dumps(sorted(nodes))))
     ranked = [NodeSensitivity(n, "Conv", (blocks or {}).get(n, ""), -float(i), None) for i, n in enumerate(ranking)]
     monkeypatch.setattr(fallback.sensitivity, "rank", lambda prepared, options, feeds, scratch, **_: ranked)
+    monkeypatch.setattr(fallback.quantize_static, "unbinnable", lambda prepared, method: None)  # no ranges here
     # the census of the fake graph: 100 quantized compute nodes, each float node one fewer (floor: 50)
     monkeypatch.setattr(fallback, "count_quantized", lambda path: QUANTIZED - len(_float_nodes(path)))
     options = QuantizeOptions.model_validate(

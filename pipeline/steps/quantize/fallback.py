@@ -211,6 +211,10 @@ class _Tuner:
             self.progress(f"fallback: configuration {shown}: calibrating")
             options = self.options.model_copy(update=changes)
             try:
+                refusal = (quantize_static.unbinnable(self.prepared, options.calibration)
+                           if self.options.calibration == "minmax" and options.calibration != "minmax" else None)
+                if refusal is not None:
+                    raise StepFailed(refusal)
                 prepared, keep_float = prepare(options)
             except StepFailed as exc:  # percentile's histograms refuse -inf (an attention mask's): skip it
                 self.configurations.append({"changes": changes, "error": str(exc), "passed": False})

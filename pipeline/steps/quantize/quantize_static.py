@@ -14,6 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import onnx.version_converter
 from onnxruntime.quantization import (
@@ -25,6 +26,7 @@ from onnxruntime.quantization import (
     quantize_static,
     save_tensors_data,
 )
+from onnxruntime.quantization.calibrate import load_tensors_data
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
 from temper.artifacts import onnx_io
@@ -99,6 +101,19 @@ def prepare(src: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Pa
             calibrator.collect_data(_Reader([part]))  # every activation of a call is held at once
         save_tensors_data(calibrator.compute_data(), ranges)
     return Prepared(model, ranges, large)
+
+
+def unbinnable(prepared: Prepared, method: str) -> str | None:
+    """Why a histogram method (entropy, percentile) cannot calibrate where `prepared` was calibrated with
+    MinMax: a tensor whose range is not finite (an attention mask's -inf). The histogram calibrator finds
+    that only after holding a whole calibration batch of every activation (MiniLM: about 2.6 GiB), so
+    the fallback asks here first and skips that configuration without calibrating. None: no such tensor."""
+    for name, tensor in load_tensors_data(prepared.ranges).data.items():
+        low, high = (np.asarray(value, dtype=np.float64) for value in tensor.range_value)
+        if not (np.isfinite(low).all() and np.isfinite(high).all()):
+            return (f"quantize: calibration failed: tensor '{name}' spans [{low.min()}, {high.max()}] in the "
+                    f"MinMax calibration, which is not finite: {method}'s histograms cannot bin it")
+    return None
 
 
 def _upgraded(src: Path, scratch: Path, large: bool) -> Path:

@@ -298,3 +298,29 @@ def test_nan_output_fails_the_step(tmp_path: Path) -> None:
     sample = {"x": np.random.default_rng(3).normal(0, 1, (4, 100)).astype(np.float32)}
     with pytest.raises(StepFailed, match="output 'y' of the quantized model has NaN/Inf"):
         quantize(src, tmp_path, context(tmp_path, [], sample), mode="dynamic")
+
+
+def test_a_range_histograms_cannot_bin_is_found_from_the_minmax_ranges_before_calibrating(tmp_path: Path) -> None:
+    """The fallback's percentile configuration is skipped from the MinMax ranges it has (quantize_static.
+    unbinnable) instead of holding a whole batch of activations only for ORT's histogram to refuse the
+    range: the two agree, on a tensor holding -inf (an attention mask's) and on one without."""
+    from temper.pipeline.steps.quantize import quantize_static
+
+    src = conv_net(tmp_path / "net.onnx")
+    finite = images(0)
+    masked = {"x": finite["x"].copy()}
+    masked["x"][0, 0, 0, 0] = -np.inf
+    for name, batch, refused in (("finite", finite, False), ("masked", masked, True)):
+        scratch = tmp_path / name
+        scratch.mkdir()
+        minmax = quantize_static.prepare(src, QuantizeOptions(mode="static", preset=None), [batch], scratch, False)
+        why = quantize_static.unbinnable(minmax, "percentile")
+        (scratch / "p").mkdir()
+        percentile = QuantizeOptions(mode="static", preset=None, calibration="percentile")
+        if refused:
+            assert why is not None and "tensor '" in why and "not finite" in why, why
+            with pytest.raises(StepFailed, match="not finite"):
+                quantize_static.prepare(src, percentile, [batch], scratch / "p", False)
+        else:
+            assert why is None
+            quantize_static.prepare(src, percentile, [batch], scratch / "p", False)

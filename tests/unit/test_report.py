@@ -131,7 +131,7 @@ def test_junit_case_per_gate_with_the_failure_detail():
     ((4000.0, 4400.0), ["0", "1,000", "2,000", "3,000", "4,000"]),
 ])
 def test_throughput_plot_y_ticks_show_the_real_values(speeds, labels):
-    from temper.validators.report import _throughput_figure
+    from temper.validators.report_plots import _throughput_figure
 
     report = sample_report()
     report["baseline"]["throughput"][0]["samples_per_s"] = speeds[0]

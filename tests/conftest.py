@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,22 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 
 
 @pytest.fixture(autouse=True)
-def tracking_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A private MLflow sqlite store per test: no test publishes into the working folder's mlflow.db."""
+def tracking_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A private MLflow sqlite store per test: no test publishes into the working folder's mlflow.db.
+    Afterwards MLflow's process-wide tracking and registry targets are forgotten: `temper publish` run
+    in-process sets them (artifacts/registry.connect), and a later test of the same process (an xdist
+    worker runs hundreds) would otherwise register its models into this test's store."""
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    yield uri
+    tracking = sys.modules.get("mlflow.tracking._tracking_service.utils")
+    registry = sys.modules.get("mlflow.tracking._model_registry.utils")
+    if tracking is not None:
+        tracking._tracking_uri = None  # MLflow's unset default
+    if registry is not None:
+        registry._registry_uri = None
+    os.environ.pop("MLFLOW_REGISTRY_URI", None)  # set_registry_uri sets it; monkeypatch then restores any before
 
 
 @pytest.fixture

@@ -33,6 +33,8 @@ BAD_NUMBERS = [
     ("serve", ["BUNDLE"], "--port", "-1"),  # exit 3, as if the host were at fault
     ("serve", ["BUNDLE"], "--grpc-port", "0"),
     ("serve", ["BUNDLE"], "--max-connections", "0"),
+    ("serve", ["BUNDLE"], "--instances", "-1"),
+    ("serve", ["BUNDLE"], "--instances", "65"),  # past the 64 worker processes serve starts at most
     ("export-triton", ["BUNDLE", "--dest", "REPO"], "--instances", str(2**31)),  # past Triton's int32 count
     ("export-triton", ["BUNDLE", "--dest", "REPO"], "--instances", "0"),
     ("sensitivity", ["RECIPE", "--candidate", "fp16"], "--top", "0"),

@@ -195,7 +195,13 @@ def _probe(data: MetricData) -> float:
     if len(np.unique(data.train_labels)) < 2:
         raise ValueError("metric probe needs at least two classes among the calibration labels")
     probe = LogisticRegression(max_iter=1000).fit(data.train_outputs, data.train_labels)
-    return float(np.mean(probe.predict(data.outputs) == np.asarray(data.labels)))
+    # a row with NaN or Inf (INT8 attention on another engine gave 282 of them on MiniLM) is a wrong
+    # answer, not a reason to stop the run: the candidate's drop shows it and its gate fails
+    finite = np.isfinite(data.outputs).all(axis=1)
+    right = np.zeros(len(data.outputs), dtype=bool)
+    if finite.any():
+        right[finite] = probe.predict(data.outputs[finite]) == np.asarray(data.labels)[finite]
+    return float(np.mean(right))
 
 
 def _custom(spec: AccuracyGate, base: Path, recipe_file: str) -> Metric:

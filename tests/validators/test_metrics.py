@@ -143,3 +143,18 @@ def test_callable_metric_must_return_a_finite_number(tmp_path: Path) -> None:
     with pytest.raises(RecipeError) as info:
         _metric("missing.py:fn", tmp_path, higher_is_better=True)
     assert info.value.key == "validate.accuracy.metric"
+
+
+def test_probe_counts_a_row_with_nan_or_inf_as_a_wrong_answer() -> None:
+    """A candidate whose outputs hold NaN (MiniLM's static INT8 on OpenVINO) gets a score and fails its
+    budget; before, LogisticRegression raised on it and the whole run exited 1 without a report."""
+    rng = np.random.default_rng(0)
+    labels = np.arange(40) % 2
+    features = (labels[:, None] * 4.0 + rng.standard_normal((40, 3))).astype(np.float32)  # separable
+    probe = _metric("probe")
+    clean = probe.score(MetricData(features, labels, features, features, labels))
+    broken = features.copy()
+    broken[:10, 0], broken[10:20, 1] = np.nan, np.inf
+    assert clean == 1.0
+    assert probe.score(MetricData(broken, labels, features, features, labels)) == 0.5
+    assert probe.score(MetricData(np.full_like(features, np.nan), labels, features, features, labels)) == 0.0

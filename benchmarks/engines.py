@@ -50,7 +50,7 @@ from temper.validators.report_model import Candidate, Report  # noqa: E402
 
 RECIPES = ROOT / "recipes"
 BENCH = ROOT / "benchmarks"
-ENGINES = ["cpu", "openvino"]
+ENGINES = ["cpu", "openvino"]  # and openvino-bf16 where the host reports native BF16 (see engines())
 MODELS = ["digits", "minilm", "resnet18"]
 
 
@@ -116,8 +116,24 @@ def recipe_for(name: str) -> dict[str, Any]:
         }
     else:
         raise ValueError(f"unknown model {name!r}: one of {', '.join(MODELS)}")
-    recipe["validate"]["throughput"]["providers"] = list(ENGINES)
+    recipe["validate"]["throughput"]["providers"] = engines()
     return recipe
+
+
+def _flags() -> list[str]:
+    """The CPU's ISA flags as the kernel reports them (lscpu), never guessed from its name."""
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return []
+    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+    return fields.get("Flags", "").split()
+
+
+def engines() -> list[str]:
+    """ONNX Runtime CPU (the reference) and OpenVINO in f32; OpenVINO in BF16 too where the host computes it."""
+    native_bf16 = any(f in ("avx512_bf16", "amx_bf16") for f in _flags())
+    return [*ENGINES, "openvino-bf16"] if native_bf16 else list(ENGINES)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,7 +205,7 @@ def host_line() -> str:
         lscpu = ""
     fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
     cpu = fields.get("Model name", platform.processor() or "?").strip()
-    flags = fields.get("Flags", "").split()
+    flags = _flags()
     shown = [f for f in flags if f in ("avx2", "fma", "f16c") or f.startswith(("avx512", "amx", "avx_vnni"))]
     loads = " ".join(f"{x:.2f}" for x in os.getloadavg())
     vnni = any(f.startswith(("avx512_vnni", "avx_vnni", "amx")) for f in flags)

@@ -134,7 +134,9 @@ def test_the_pyfunc_model_of_an_openvino_pick_requires_openvino():
     assert f"openvino=={openvino.__version__.split('-')[0]}" in picked and set(plain) < set(picked)
 
 
-@pytest.mark.skipif(NATIVE_BF16, reason="this CPU has native BF16, so a BF16 bundle serves here")
+@pytest.mark.skipif(NATIVE_BF16,
+                    reason="premise: a CPU without native BF16 (no avx512_bf16 or amx_bf16); "
+                           "this one has it, so a BF16 bundle serves here")
 def test_a_bf16_bundle_refuses_to_serve_on_a_cpu_without_native_bf16(tmp_path: Path):
     folder = _openvino_bundle(tmp_path / "bf16", "openvino-bf16", None)
     with pytest.raises(EnvironmentProblem, match="asked to compute in bf16 but the compiled model reports f32"):

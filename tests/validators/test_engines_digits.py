@@ -66,7 +66,9 @@ def test_pairs_on_cpu_and_openvino_are_gated_and_one_is_selected(temper, gated_d
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(any(f in profile().features for f in BF16_FLAGS), reason="this CPU has native BF16")
+@pytest.mark.skipif(any(f in profile().features for f in BF16_FLAGS),
+                    reason="premise: a CPU without native BF16 (no avx512_bf16 or amx_bf16); "
+                           "this one has it, so openvino-bf16 is allowed here")
 def test_openvino_bf16_on_a_cpu_without_native_bf16_is_exit_3_at_check(temper, gated_digits):
     edit_recipe(gated_digits, lambda d: d["validate"]["throughput"].update(providers=["cpu", "openvino-bf16"]))
     result = temper("check", gated_digits)

@@ -34,7 +34,7 @@ from temper.artifacts.host import HostProfile
 from temper.artifacts.layout import Layout
 from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
 from temper.validators.speedup import Speedup, estimate
-from temper.validators.throughput import Session, default_settings, session_for, tuned_session
+from temper.validators.throughput import Session, engine_defaults, session_for, tuned_session
 
 MOST_ROUNDS = 2 * ROUNDS  # ROUNDS for every setting, then as many again while one is undecided
 DEFAULT = "default"  # the name of the settings every row is compared with
@@ -54,6 +54,16 @@ class Row:
         return type(default).model_validate({**default.model_dump(), **self.changes})
 
 
+# OpenVINO's CPU plugin (artifacts/openvino_session.py); default: all usable cores, one stream, the latency
+# hint. Its INFERENCE_PRECISION_HINT is not a row: f32 and bf16 are engines of their own (openvino,
+# openvino-bf16), so a BF16 model is gated on its own outputs and recorded as BF16, never as FP32.
+OPENVINO_ROWS = (
+    Row("one-thread", {"num_threads": 1}),
+    # Two streams split the threads between two inference requests; the batcher runs one batch at a
+    # time, so this wins only where a stream's share of the cores runs a batch nearly as fast.
+    Row("two-streams", {"num_streams": 2, "performance_hint": "THROUGHPUT"}),
+)
+
 # The settings tried per engine (a provider of artifacts/providers.py), each against the default alone.
 TABLE: dict[str, tuple[Row, ...]] = {
     "cpu": (  # ONNX Runtime's CPU provider; default: all usable cores, spinning off, ORT_ENABLE_ALL
@@ -61,9 +71,8 @@ TABLE: dict[str, tuple[Row, ...]] = {
         Row("spinning", {"spinning": True}),
         Row("extended", {"graph_optimization": "extended"}),
     ),
-    # "openvino": rows go here with that engine's settings model (artifacts/openvino_session.py): its
-    # PERFORMANCE_HINT (LATENCY vs THROUGHPUT), NUM_STREAMS, and INFERENCE_PRECISION_HINT (f32 vs bf16: a
-    # precision in its own right, so a bf16 row must be gated and recorded as BF16, never as FP32).
+    "openvino": OPENVINO_ROWS,
+    "openvino-bf16": OPENVINO_ROWS,
     # GPU providers have no rows: their sessions take no thread settings.
 }
 
@@ -130,7 +139,7 @@ def search(path: Path, plan: Plan, sample: dict[str, np.ndarray], layout: Layout
            progress: Progress = lambda _: None) -> Found:
     """The session `path` runs fastest with on plan.provider, by the rule above (`rows`: TABLE's for the
     provider). A record of `records` for the same model, host, rows and budget is reused, not searched again."""
-    default = default_settings()
+    default = engine_defaults(plan.provider)
     rows = rows_for(plan.provider, default) if rows is None else rows
     ranking = max(plan.batch_sizes)
     parts = _key(path, plan, default, rows, sample)
@@ -174,7 +183,7 @@ def sessions_for(models: dict[str, Path], plan: Plan, enabled: bool, sample: dic
                                                                        dict[str, dict[str, Any]]]:
     """The session each model is gated with on plan.provider, and each search's record: searched when
     `enabled` and the engine has rows, else tuned_session's (the thread choice serving makes at start)."""
-    if not (enabled and rows_for(plan.provider, default_settings())):
+    if not (enabled and rows_for(plan.provider, engine_defaults(plan.provider))):
         return {name: tuned_session(path, plan.provider, sample, layout) for name, path in models.items()}, {}
     found = {name: search(path, plan, sample, layout, name, records=records, progress=progress)
              for name, path in models.items()}

@@ -26,7 +26,7 @@ from temper.artifacts.errors import EnvironmentProblem, OptionError
 from temper.artifacts.host import HostProfile, profile, usable_cores
 from temper.artifacts.layout import AXIS0, Layout, default_axes
 from temper.artifacts.onnx_io import dims, fixed_batch, load_structure
-from temper.artifacts.openvino_session import OpenVinoSession
+from temper.artifacts.openvino_session import OpenVinoSession, OpenVinoSettings
 from temper.artifacts.providers import CPU, PROVIDERS, Provider, is_openvino
 from temper.artifacts.session import SessionSettings, open_session, settings_of
 
@@ -89,20 +89,33 @@ def default_settings() -> SessionSettings:
     return SessionSettings(intra_op_threads=usable_cores())
 
 
-def session_for(path: Path, provider: str, settings: SessionSettings | None = None) -> Session:
-    """A session built from `settings` (default_settings()) whose graph runs on `provider`, checked
-    against what the session itself reports: onnxruntime-gpu falls back to CPU silently, and a plugin
-    provider may register without a device; on OpenVINO, the compiled model's device and precision."""
-    require_available(provider)
+def engine_defaults(provider: str) -> SessionSettings | OpenVinoSettings:
+    """The settings a model starts from on `provider`: default_settings() for ONNX Runtime's providers;
+    on an OpenVINO row, its precision on all usable cores, one stream, the latency hint."""
     info = PROVIDERS[cast(Provider, provider)]
     if is_openvino(provider):
-        assert info.precision is not None
-        threads = (settings or default_settings()).intra_op_threads
-        return openvino_session.open_engine(path, info.precision, threads)
+        assert info.precision is not None  # every OpenVINO row names its precision
+        return OpenVinoSettings(inference_precision=info.precision, num_threads=usable_cores())
+    return default_settings()
+
+
+def session_for(path: Path, provider: str, settings: SessionSettings | OpenVinoSettings | None = None) -> Session:
+    """A session built from `settings` (engine_defaults(provider)) whose graph runs on `provider`, checked
+    against what the session itself reports: onnxruntime-gpu falls back to CPU silently, and a plugin
+    provider may register without a device; on OpenVINO, the compiled model's device and precision
+    (OpenVINO settings on an ONNX Runtime provider, or the other way round, are a programming error)."""
+    require_available(provider)
+    info = PROVIDERS[cast(Provider, provider)]
+    settings = settings or engine_defaults(provider)
+    if is_openvino(provider):
+        assert isinstance(settings, OpenVinoSettings) and info.precision is not None
+        return openvino_session.open_engine(path, info.precision, settings.num_threads, settings.num_streams,
+                                            settings.performance_hint)
+    assert isinstance(settings, SessionSettings)
     available = ort.get_available_providers()
     wanted = info.ort
     chain = [wanted, *(then for then in info.then if then in available)]
-    session = open_session(path, settings or default_settings(), chain)
+    session = open_session(path, settings, chain)
     if wanted not in session.get_providers():
         raise EnvironmentProblem(
             f"provider '{provider}' requested but onnxruntime did not activate {wanted} "

@@ -17,7 +17,7 @@ from temper.pipeline.cache import RecordStore
 from temper.validators import session_search
 from temper.validators.report_model import SessionSearch
 from temper.validators.session_search import DEFAULT, Plan, Row, rows_for, search
-from temper.validators.throughput import default_settings
+from temper.validators.throughput import default_settings, engine_defaults
 from tests.conftest import edit_recipe
 from tests.unit.reports import read_report
 from tests.validators.test_throughput import WIDTH, _mlp
@@ -66,6 +66,22 @@ def test_the_search_tries_every_row_keeps_by_its_intervals_and_returns_the_kept_
     assert all(s["rounds"] >= session_search.ROUNDS for t in record["trials"] for s in t["speedups"])
     _consistent(record)
     assert settings_of(found.session).model_dump() == record["settings"]  # read back from the session itself
+
+
+def test_on_openvino_the_search_tries_its_own_rows_and_keeps_what_the_compiled_model_reports(mlp: Path) -> None:
+    """OpenVINO's rows (threads, streams and hint) against its default, by the same rule; no row changes the
+    precision (f32 and bf16 are engines of their own), and the kept session runs the kept settings."""
+    pytest.importorskip("openvino", reason="the openvino extra is not installed")
+    found = search(mlp, Plan("openvino", [1, 8], 0.95, 1.0, 0.0, profile()), SAMPLE, AXIS0, "mlp")
+    record = found.record
+    SessionSearch.model_validate(record)
+    default = engine_defaults("openvino")
+    assert record["default"] == default.model_dump() and record["default"]["inference_precision"] == "f32"
+    assert [t["name"] for t in record["trials"]] == [r.name for r in rows_for("openvino", default)]
+    assert [t["name"] for t in record["trials"]][-1] == "two-streams"  # every host has it; one-thread needs 2 cores
+    assert all(t["settings"]["inference_precision"] == "f32" for t in record["trials"])
+    _consistent(record)
+    assert found.session.settings.model_dump() == record["settings"]  # read back from the compiled model
 
 
 def test_a_setting_identical_to_the_default_is_not_kept(mlp: Path) -> None:

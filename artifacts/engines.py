@@ -55,12 +55,16 @@ def load(model: Path, providers: list[str] | None, settings: SessionSettings,
 def load_openvino(model: Path, engine: Provider, recorded: OpenVinoSettings | None, cores: int,
                   name: str) -> OpenVinoSession:
     """The compiled model for a bundle selected on an OpenVINO row: the precision its row names, the
-    threads runtime.json records (all usable cores when it records none, or more than this host has).
+    threads, streams and performance hint runtime.json records (the speed gates' settings, searched or
+    not; all usable cores when it records none, or more threads than this host has).
     EnvironmentProblem when openvino is absent or the compiled model computes in another precision."""
     precision = PROVIDERS[engine].precision
     assert precision is not None  # every OpenVINO row names its precision
     threads = cores if recorded is None or recorded.num_threads > cores else recorded.num_threads
-    session = open_engine(model, precision, threads)
+    if recorded is None:
+        session = open_engine(model, precision, threads)
+    else:
+        session = open_engine(model, precision, threads, recorded.num_streams, recorded.performance_hint)
     log.info("%s: engine=%s inference_precision=%s threads=%d streams=%d hint=%s", name, engine,
              session.settings.inference_precision, session.settings.num_threads, session.settings.num_streams,
              session.settings.performance_hint)

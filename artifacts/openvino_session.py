@@ -152,11 +152,13 @@ def settings_of(compiled: Any) -> OpenVinoSettings:
                             performance_hint=str(compiled.get_property("PERFORMANCE_HINT")))
 
 
-def open_engine(model: Path, precision: str, threads: int) -> OpenVinoSession:
-    """`model` compiled for `precision` (f32, bf16) on `threads` threads, one stream, the latency hint;
-    EnvironmentProblem when the compiled model computes in another precision than asked (OpenVINO asked
-    for BF16 on a CPU without it quietly computes FP32: that figure must never be called BF16)."""
-    session = OpenVinoSession(model, OpenVinoSettings(inference_precision=precision, num_threads=threads))
+def open_engine(model: Path, precision: str, threads: int, streams: int = 1,
+                hint: Literal["LATENCY", "THROUGHPUT"] = "LATENCY") -> OpenVinoSession:
+    """`model` compiled for `precision` (f32, bf16) on `threads` threads, `streams` streams and the
+    performance `hint`; EnvironmentProblem when the compiled model computes in another precision than asked
+    (OpenVINO asked for BF16 on a CPU without it quietly computes FP32: that figure must never be called BF16)."""
+    session = OpenVinoSession(model, OpenVinoSettings(inference_precision=precision, num_threads=threads,
+                                                      num_streams=streams, performance_hint=hint))
     if session.settings.inference_precision != precision:
         raise EnvironmentProblem(f"OpenVINO was asked to compute in {precision} but the compiled model reports "
                                  f"{session.settings.inference_precision}: this CPU does not run {precision} natively")

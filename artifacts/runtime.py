@@ -16,14 +16,16 @@ the way the gates did (engines.choose_threads). A model whose batch-1 run is sho
 INLINE_MAX_MS may run a lone request on the caller's thread (see artifacts/batcher.py).
 
 Instances (Triton's instance_group count): with `instances` 0 the session runs in this process, as
-the pyfunc model and most tests use it. With 1 or more, start() chooses threads here as before,
-then runs the model in that many worker processes (artifacts/workers.py, tensors through shared
-memory, artifacts/tensor_memory.py), each warmed up before it counts as ready, and drops its own
-session: a crash in native code then ends a worker, not the server. None (`temper serve`'s default):
-default_instances(), usable cores over the engine's intra-op threads, except for a model that runs
-inline (batch-1 under INLINE_MAX_MS): its run is shorter than the hand-off to a worker (two process
-wake-ups, measured 0.5-1 ms a request on a loaded 2-core host, benchmarks/serving_workers.py), which
-would double its one-client latency, so it stays in this process unless `instances` asks.
+the pyfunc model and most tests use it. With 1 or more, start() chooses threads here as before, then
+runs the model in that many worker processes (artifacts/workers.py, tensors through shared memory,
+artifacts/tensor_memory.py), each warmed up before it counts as ready, and drops its own session: a
+crash in native code then ends a worker, not the server. An OpenVINO engine runs in workers the same
+way, each compiled with the settings read back from this process's compiled model. None (`temper
+serve`'s default): default_instances(), usable cores over the engine's intra-op threads, except for
+a model that runs inline (batch-1 under INLINE_MAX_MS): its run is shorter than the hand-off to a
+worker (two process wake-ups, measured 0.5-1 ms a request on a loaded 2-core host,
+benchmarks/serving_workers.py), which would double its one-client latency, so it stays in this
+process unless `instances` asks.
 """
 
 from __future__ import annotations
@@ -90,12 +92,13 @@ class Runtime:
         self.settings, self._choose = _settings(self.config)  # start() chooses threads when _choose
         self._session: ort.InferenceSession | OpenVinoSession | None
         self._providers: list[str] = []  # the providers the session really runs, which the workers are given
+        self._openvino: OpenVinoSettings | None = None  # an OpenVINO engine's settings, read back from it
         self.engine: Provider
         if self.config.engine is not None and is_openvino(self.config.engine) and providers is None:
             recorded = self.config.session if isinstance(self.config.session, OpenVinoSettings) else None
             self._session = engines.load_openvino(self.bundle / MODEL, self.config.engine, recorded,
                                                   usable_cores(), self.config.name)
-            self.engine, self._choose = self.config.engine, False
+            self.engine, self._choose, self._openvino = self.config.engine, False, self._session.settings
         else:
             self._session, self.engine = engines.load(self.bundle / MODEL, providers, self.settings, self.config.name)
         self._output_names = [o.name for o in self._session.get_outputs()]
@@ -109,14 +112,12 @@ class Runtime:
 
     @property
     def intra_op_threads(self) -> int:
-        if isinstance(self._session, OpenVinoSession):
-            return self._session.settings.num_threads
-        return self.settings.intra_op_threads
+        return self._openvino.num_threads if self._openvino else self.settings.intra_op_threads
 
     @property
     def engine_settings(self) -> SessionSettings | OpenVinoSettings:
         """What the model really runs with, read back: OpenVINO's compiled model, or the ONNX Runtime settings."""
-        return self._session.settings if isinstance(self._session, OpenVinoSession) else self.settings
+        return self._openvino or self.settings
 
     def _tune(self) -> None:
         """Time the smallest batch, and on the CPU engine, when runtime.json recorded no thread choice
@@ -158,11 +159,6 @@ class Runtime:
             return
         if self._session is not None:  # not when a pool ran before: start() after stop()
             self._tune()
-        if isinstance(self._session, OpenVinoSession):  # worker processes build ONNX Runtime sessions only
-            if self.instances:
-                log.warning("%s: the openvino engine runs in this process; worker instances run ONNX Runtime "
-                            "engines only, so instances=%d is not applied", self.config.name, self.instances)
-            self.instances = 0
         if self.instances is None:
             self.instances = 0 if self.inline else default_instances(self.intra_op_threads, PROVIDERS[self.engine].gpu)
             log.info("%s: %d worker instance(s) by default%s", self.config.name, self.instances,
@@ -182,7 +178,7 @@ class Runtime:
         if self._session is not None:
             self._providers = self._session.get_providers()
         sizes = [self._fixed_batch] if self._fixed_batch else range(1, self.max_rows + 1)
-        self.pool = WorkerPool(self.bundle / MODEL, self.config, self.settings, self._providers,
+        self.pool = WorkerPool(self.bundle / MODEL, self.config, self.engine, self.engine_settings, self._providers,
                                int(self.instances or 0), self.max_rows,
                                lambda: [self._warmup_inputs(rows) for rows in sizes])
         began = time.perf_counter()

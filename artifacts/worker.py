@@ -3,7 +3,8 @@
 Started by artifacts/workers.py as `python -m temper.artifacts.worker SPEC` with three inherited file
 descriptors: its control socket (SOCK_SEQPACKET, one message per descriptor) and its input and
 output regions (artifacts/tensor_memory.py). It builds the session exactly as the gateway would
-(artifacts/engines.py, the SessionSettings the gateway chose), says so once, then runs batches
+(artifacts/engines.py: ONNX Runtime with the SessionSettings the gateway chose, or OpenVINO with the
+compiled model's settings the gateway read back), says so once, then runs batches
 until the socket closes: a batch descriptor names the input tensors in the input region, the
 outputs go into the output region and their descriptor back.
 
@@ -23,10 +24,13 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from temper.artifacts import engines
 from temper.artifacts.errors import first_line
+from temper.artifacts.host import usable_cores
+from temper.artifacts.openvino_session import OpenVinoSettings
+from temper.artifacts.providers import Provider, is_openvino
 from temper.artifacts.session import SessionSettings
 from temper.artifacts.tensor_memory import Region
 
@@ -68,8 +72,7 @@ def main(argv: list[str]) -> int:
     inputs = Region(spec["input_fd"], spec["input_size"])
     outputs = Region(spec["output_fd"], spec["output_size"])
     try:
-        session, engine = engines.load(Path(spec["model"]), spec["providers"],
-                                       SessionSettings.model_validate(spec["settings"]), spec["name"])
+        session, engine = _load(spec)
     except Exception as exc:  # noqa: BLE001 - any load failure: the gateway reports it as the start-up error
         channel.send({"error": first_line(exc)})
         return 1
@@ -89,6 +92,15 @@ def main(argv: list[str]) -> int:
     except OSError:  # the gateway went away mid-batch
         pass
     return 0
+
+
+def _load(spec: dict[str, Any]) -> tuple[Any, str]:
+    """The instance's engine, built from the spec as the gateway built its own."""
+    model, engine = Path(spec["model"]), spec["engine"]
+    if is_openvino(engine):
+        settings = OpenVinoSettings.model_validate(spec["settings"])
+        return engines.load_openvino(model, cast(Provider, engine), settings, usable_cores(), spec["name"]), engine
+    return engines.load(model, spec["providers"], SessionSettings.model_validate(spec["settings"]), spec["name"])
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import numpy as np
 
 from temper.artifacts.bundle import ServingConfig
 from temper.artifacts.errors import InstanceLost, Stopped
+from temper.artifacts.openvino_session import OpenVinoSettings
 from temper.artifacts.session import SessionSettings
 from temper.artifacts.tensor_memory import Region, regions_for
 from temper.artifacts.worker import Channel
@@ -71,11 +72,12 @@ class Instance:
 
 
 class WorkerPool:
-    """`count` worker processes serving `model` with `settings` on `providers`."""
+    """`count` worker processes serving `model` on `engine` with `settings` (ONNX Runtime's on `providers`,
+    or an OpenVINO engine's)."""
 
-    def __init__(self, model: Path, config: ServingConfig, settings: SessionSettings, providers: list[str],
-                 count: int, max_rows: int, warm_inputs: Callable[[], list[Arrays]]) -> None:
-        self.model, self.config, self.settings, self.providers = model, config, settings, providers
+    def __init__(self, model: Path, config: ServingConfig, engine: str, settings: SessionSettings | OpenVinoSettings,
+                 providers: list[str], count: int, max_rows: int, warm_inputs: Callable[[], list[Arrays]]) -> None:
+        self.model, self.config, self.engine, self.settings, self.providers = model, config, engine, settings, providers
         self.warm_inputs = warm_inputs
         self.instances = [Instance(i, *regions_for(config, max_rows, f"{config.name}-{i}")) for i in range(count)]
         self._idle: deque[Instance] = deque()
@@ -202,7 +204,7 @@ class WorkerPool:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         spec = {"control_fd": theirs.fileno(), "input_fd": instance.inputs.fd, "input_size": instance.inputs.size,
                 "output_fd": instance.outputs.fd, "output_size": instance.outputs.size,
-                "model": str(self.model), "providers": self.providers, "name": self.config.name,
+                "model": str(self.model), "engine": self.engine, "providers": self.providers, "name": self.config.name,
                 "settings": self.settings.model_dump()}
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # temper as this process finds it
         instance.process = subprocess.Popen(

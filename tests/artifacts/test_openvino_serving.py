@@ -6,21 +6,26 @@ without native BF16 refuses to serve rather than compute FP32 under a BF16 label
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from google.protobuf import text_format
 
 from temper.artifacts import bundle
 from temper.artifacts.errors import EnvironmentProblem
-from temper.artifacts.host import profile
+from temper.artifacts.host import profile, usable_cores
 from temper.artifacts.openvino_session import OpenVinoSettings, open_engine
 from temper.artifacts.providers import BF16_FLAGS
 from temper.artifacts.pyfunc import pinned_requirements
 from temper.artifacts.runtime import Runtime
 from temper.artifacts.triton import export_repository
-from tests.artifacts.servers import MODEL, Client, Served, _counter, _inputs, _metrics, _tiny_model
+from tests.artifacts.servers import MODEL, Client, Served, _counter, _inputs, _json_request, _metrics, _tiny_model
 
 pytest.importorskip("openvino", reason="the OpenVINO engine needs openvino (the openvino extra, in dev)")
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is in the dev extra")
@@ -52,6 +57,16 @@ def test_the_runtime_runs_the_recorded_engine_with_its_settings_read_back(select
     expected = dict(zip(["y", "total"], gated.run(None, inputs)))
     np.testing.assert_array_equal(served["y"], expected["y"])
     np.testing.assert_array_equal(served["total"], expected["total"])
+
+
+def test_searched_streams_and_hint_in_runtime_json_are_what_the_runtime_compiles(tmp_path: Path, started):
+    """The session search may keep two streams with the throughput hint: serving runs those, not the defaults.
+    Two streams need two threads (OpenVINO gives one thread one stream), so two usable cores."""
+    if usable_cores() < 2:
+        pytest.skip(f"premise: two streams of one thread each need 2 usable cores; this host has {usable_cores()}")
+    searched = OpenVinoSettings(inference_precision="f32", num_threads=2, num_streams=2, performance_hint="THROUGHPUT")
+    runtime = started(Runtime(_openvino_bundle(tmp_path / "streams", session=searched)))
+    assert runtime.engine_settings == searched  # read back from the compiled model
 
 
 def test_a_real_server_answers_tritonclient_with_the_gated_engines_outputs_batched(selected: Path):
@@ -89,6 +104,40 @@ def test_a_real_server_answers_tritonclient_with_the_gated_engines_outputs_batch
     assert 1 <= executions <= len(requests)  # inline runs or batches: batching itself is the next test's
     info = [labels for (name, labels), value in metrics.items() if name == "temper_runtime_info" and value == 1]
     assert [dict(labels)["engine"] for labels in info] == ["openvino"]
+
+
+def test_an_openvino_pick_runs_in_isolated_workers_that_restart_with_its_settings(selected: Path) -> None:
+    """With --instances, each worker compiles the bundle on OpenVINO with the server's read-back settings: the
+    answers are the gated engine's, a SIGKILLed worker is restarted, and the restarted one answers right."""
+    gated = open_engine(selected / bundle.MODEL, "f32", 1)
+    runtime = Runtime(selected, instances=1)
+    with Served(runtime) as served:
+        assert runtime.pool is not None and runtime.engine == "openvino" and runtime.engine_settings == GATED
+        instance = runtime.pool.instances[0]
+        worker = psutil.Process(instance.pid)
+        assert "temper.artifacts.worker" in " ".join(worker.cmdline())
+        assert any("openvino" in m.path for m in worker.memory_maps())  # the engine is loaded in the worker
+        http = Client(served.port)
+        try:
+            inputs = _inputs(5, rows=3)
+            expected = gated.run(["y"], inputs)[0]
+            np.testing.assert_allclose(_served_y(http, inputs), expected, rtol=0, atol=1e-6)
+            os.kill(worker.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while not (instance.ready and instance.pid != worker.pid):
+                assert time.monotonic() < deadline, "the killed OpenVINO worker did not restart"
+                time.sleep(0.05)
+            np.testing.assert_allclose(_served_y(http, inputs), expected, rtol=0, atol=1e-6)
+            assert _counter(_metrics(http), "temper_model_instance_restarts_total", instance="0") == 1
+        finally:
+            http.close()
+
+
+def _served_y(http: Client, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    status, _, body = http.infer(_json_request(inputs))
+    assert status == 200, body
+    (y,) = [o for o in json.loads(body)["outputs"] if o["name"] == "y"]
+    return np.asarray(y["data"], dtype=np.float32).reshape(y["shape"])
 
 
 def test_requests_queued_together_run_as_one_batch_on_openvino(selected: Path):

@@ -1,6 +1,7 @@
 """Soak `temper serve` with mixed-shape token traffic and watch whether the server's memory stays flat.
 
     .venv/bin/python benchmarks/soak.py [--model MODEL.onnx] [--requests N] [--seconds S] [--clients C]
+                                        [--instances N [--kill-worker-at S]]
     .venv/bin/python benchmarks/soak.py --arena [--model MODEL.onnx] [--runs N]
 
 Serving soak (default): a bundle of the MiniLM int8-dynamic candidate (built by `temper run
@@ -11,6 +12,13 @@ lengths (8..128) with Triton's binary tensor extension until N requests or S sec
 RSS is sampled by PID every --sample-s. Printed: requests, errors (must be 0), RSS after warm-up vs
 at the end (target: within +-10%), p50/p99 latency, the average batch formed; the RSS curve goes to
 a PNG. Exit status 1 when a request failed or the RSS moved more than --tolerance after warm-up.
+
+With --instances the RSS is the server's and its worker processes' together. --kill-worker-at S
+SIGKILLs one worker S seconds in, as a native crash would end it: the requests of the batch it held
+get 503 (artifacts/workers.py does not retry them) and count as lost to the kill, not as errors
+(at most --clients of them, one per client in flight); every other reply must still be right. The
+soak then times the recovery (until /metrics reports every instance ready again) and checks that
+the RSS after the restart is still within --tolerance of the warm RSS before it.
 
 Arena check (--arena): ONNX Runtime's CPU arena and memory patterns are sized by the shapes a session
 has seen, so a server that meets many shapes can grow. The same random shapes (batches up to 32 rows,
@@ -168,6 +176,7 @@ class Load:
     done: int = 0
     rows: int = 0
     errors: int = 0
+    lost: int = 0  # 503 because the worker running the batch died (--kill-worker-at)
     first_errors: list[str] = field(default_factory=list)
     latencies_ms: list[float] = field(default_factory=list)
     seconds: float = 0.0
@@ -179,6 +188,8 @@ class Load:
             if error is None:
                 self.rows += rows
                 self.latencies_ms.append(latency_ms)
+            elif error.startswith("HTTP 503") and "died" in error:
+                self.lost += 1
             else:
                 self.errors += 1
                 if len(self.first_errors) < 5:
@@ -240,7 +251,7 @@ def run_load(port: int, model: str, load: Load, requests: int, seconds: float, c
 def _check(response: http.client.HTTPResponse, body: bytes, rows: int, length: int) -> str | None:
     """Why a reply is wrong, or None: HTTP 200 with `rows` rows, per-token outputs cut back to `length`."""
     if response.status != 200:
-        return f"HTTP {response.status}: {body[:200]!r}"
+        return f"HTTP {response.status}: {body[:300]!r}"
     head = response.getheader("Inference-Header-Content-Length")
     shapes = [out["shape"] for out in json.loads(body[: int(head)] if head else body)["outputs"]]
     if any(shape[0] != rows or (len(shape) > 2 and shape[1] != length) for shape in shapes):
@@ -278,6 +289,54 @@ class RssSampler(threading.Thread):
         self.sample()  # the end of the run, whatever the interval
 
 
+def workers(pid: int) -> list[psutil.Process]:
+    """The worker processes of the `temper serve` with this PID (artifacts/workers.py starts them)."""
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "temper.artifacts.worker" in " ".join(child.cmdline()):
+                found.append(child)
+    return found
+
+
+@dataclass
+class Kill:
+    """One worker SIGKILLed during the soak, and how long the pool took to have every instance ready again."""
+
+    at_s: float
+    pid: int = 0
+    instances: int = 0
+    recovered_s: float | None = None
+
+
+def ready_instances(port: int) -> float:
+    """The sum of temper_model_instance_ready over the instances (one gauge each)."""
+    status, body = request(port, "GET", "/metrics")
+    found = re.findall(r"^temper_model_instance_ready\{[^}]*\} (\S+)$", body.decode(), flags=re.MULTILINE)
+    return sum(float(value) for value in found) if status == 200 else 0.0
+
+
+def kill_worker(server_pid: int, port: int, kill: Kill, began: float, halt: threading.Event) -> None:
+    """At kill.at_s, SIGKILL the first worker; then poll /metrics until every instance is ready again."""
+    if halt.wait(max(0.0, kill.at_s - (time.monotonic() - began))):
+        return
+    found = workers(server_pid)
+    if not found:
+        log("=== --kill-worker-at: the server has no worker processes (--instances 0?); nothing killed")
+        return
+    kill.instances, kill.pid = len(found), found[0].pid
+    log(f"=== SIGKILL worker pid {kill.pid} ({kill.instances} instances) at {time.monotonic() - began:.1f} s")
+    killed = time.monotonic()
+    os.kill(kill.pid, signal.SIGKILL)
+    time.sleep(0.05)  # the supervisor sees the death before the first poll
+    while not halt.is_set():
+        ready = ready_instances(port)
+        if ready >= kill.instances and all(w.pid != kill.pid for w in workers(server_pid)):
+            kill.recovered_s = time.monotonic() - killed
+            return
+        time.sleep(0.05)
+
+
 def rss_after_warmup(samples: list[tuple[float, int, int]], warmup_fraction: float) -> tuple[float, int]:
     """(time, RSS) of the first sample after the first warmup_fraction of the run's duration."""
     cut = samples[-1][0] * warmup_fraction
@@ -297,7 +356,16 @@ def soak(args: argparse.Namespace, base: Path) -> int:
         before = counters(port)
         sampler = RssSampler(proc.pid, args.sample_s, lambda: load.done)
         sampler.start()
+        kill = Kill(args.kill_worker_at) if args.kill_worker_at is not None else None
+        halt = threading.Event()
+        killer = threading.Thread(target=kill_worker, args=(proc.pid, port, kill, sampler.began, halt),
+                                  daemon=True) if kill else None
+        if killer:
+            killer.start()
         run_load(port, "minilm", load, args.requests, args.seconds, args.clients, seed=args.seed)
+        halt.set()
+        if killer:
+            killer.join()
         sampler.stop()
         after = counters(port)
     executions = after.get("nv_inference_exec_count", 0) - before.get("nv_inference_exec_count", 0)
@@ -311,15 +379,23 @@ def soak(args: argparse.Namespace, base: Path) -> int:
     print(f"requests   {load.done:,} in {load.seconds:.0f} s ({load.done / load.seconds:,.0f}/s, "
           f"{load.rows / load.seconds:,.0f} rows/s)")
     print(f"errors     {load.errors}" + "".join(f"\n  {e}" for e in load.first_errors))
+    lost_ok = True
+    if kill:
+        lost_ok = load.lost <= args.clients and kill.pid != 0 and kill.recovered_s is not None
+        recovered = "never" if kill.recovered_s is None else f"in {kill.recovered_s:.2f} s"
+        print(f"kill       worker pid {kill.pid} of {kill.instances} SIGKILLed at {kill.at_s:.0f} s: {load.lost} "
+              f"request(s) lost to it (503, at most {args.clients} allowed); every instance ready again {recovered}")
     print(f"batches    {executions:,.0f} executions, {inferred / max(executions, 1):.1f} rows on average")
     print(f"RSS        {warm / MiB:,.0f} MiB after warm-up ({warm_t:.0f} s), {end / MiB:,.0f} MiB at the end "
           f"({drift:+.1%}), peak {peak / MiB:,.0f} MiB")
     print(f"latency    p50 {latency[0]:.1f} ms, p99 {latency[1]:.1f} ms")
     print(f"plot       {args.png}")
     flat = abs(drift) <= args.tolerance
-    print(f"verdict    {'PASS' if flat and not load.errors else 'FAIL'}: errors {load.errors}, "
-          f"RSS {'flat' if flat else 'moved'} within +-{args.tolerance:.0%}")
-    return 0 if flat and not load.errors else 1
+    passed = flat and not load.errors and lost_ok
+    print(f"verdict    {'PASS' if passed else 'FAIL'}: errors {load.errors}, "
+          f"RSS {'flat' if flat else 'moved'} within +-{args.tolerance:.0%}"
+          + (f", kill {'recovered' if lost_ok else 'NOT recovered'}" if kill else ""))
+    return 0 if passed else 1
 
 
 def plot_rss(samples: list[tuple[float, int, int]], warm_t: float, warm: int, tolerance: float, png: Path,
@@ -472,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--tolerance", type=float, default=0.10, help="allowed RSS change after warm-up (0.10 = +-10%%)")
     add("--seed", type=int, default=0)
     add("--instances", help="temper serve --instances (default: its own); RSS counts the workers with the server")
+    add("--kill-worker-at", type=float, help="SIGKILL one worker process this many seconds in (needs --instances >= 1)")
     add("--png", type=Path, help="where the plot goes (default: OUT_BASE/soak-rss.png or arena-rss.png)")
     add("--arena", action="store_true", help="compare ONNX Runtime memory options instead of serving")
     add("--runs", type=int, default=1500, help="session runs per variant in the arena check")

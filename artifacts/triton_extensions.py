@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from temper.artifacts.models import Loaded
 
 PLATFORM = "onnxruntime_onnx"  # Triton's name for what runs the model
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics",  # what both servers' metadata list
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics",  # what both list
               "system_shared_memory"]  # listed as Triton does, also while --allow-client-shm is off
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from temper.artifacts.bundle import ServingConfig
+from temper.artifacts.bundle import ServingConfig, TensorSpec
 from temper.artifacts.errors import first_line
 from temper.artifacts.integrity import check_bundle
 from temper.artifacts.repository import DEFAULT_VERSION, Catalog, LoadFailed, ModelNotServed, OneBundle, Source
@@ -55,7 +55,7 @@ class Loaded:
     runtime: Runtime
     load_growth: int = 0  # this process's RSS growth across the load, bytes
     refused: int = 0  # inference requests the REST server turned away before the Runtime (event loop only)
-    inputs: dict = field(init=False)
+    inputs: dict[str, TensorSpec] = field(init=False)
     outputs: list[str] = field(init=False)
 
     def __post_init__(self) -> None:

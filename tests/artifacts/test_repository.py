@@ -50,7 +50,7 @@ def _infer_ok(client: Client, name: str, refs: dict[str, ort.InferenceSession], 
 
 def test_each_version_folder_is_a_bundle_and_the_highest_is_served(repo: Path) -> None:
     repository = ModelRepository(repo)
-    assert repository.names() == [MODEL, OTHER] and repository.versions(MODEL) == ["1", "2"]
+    assert repository.names() == [OTHER, MODEL] and repository.versions(MODEL) == ["1", "2"]
     source = repository.locate(MODEL)
     assert source.version == "2" and source.folder == repo / MODEL / "2"
     assert read(source.folder).name == MODEL and check_bundle(source.folder, "") is not None  # no manifest: unchecked

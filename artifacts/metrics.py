@@ -96,13 +96,13 @@ def _triton_families(models: list[Loaded]) -> list[Metric]:
             failures.add_sample(failures.name, {**labels, "reason": reason}, count)
     families.insert(1, failures)
     memory = psutil.virtual_memory()
-    for name, help_text, value in (
+    for gauge, about, amount in (
             ("nv_cpu_memory_total_bytes", "Total memory of the host, in bytes", memory.total),
             ("nv_cpu_memory_used_bytes", "Memory in use on the host (total less available), in bytes",
              memory.total - memory.available)):
-        family = Metric(name, help_text, "gauge")
-        family.add_sample(name, {}, value)
-        families.append(family)
+        host = Metric(gauge, about, "gauge")
+        host.add_sample(gauge, {}, amount)
+        families.append(host)
     return families
 
 

@@ -3,13 +3,13 @@
 The messages and the servicer base class are the generated stubs tritonclient ships, so the wire
 format is Triton's own and tritonclient.grpc and perf_analyzer talk to it unchanged. ModelConfig and
 ModelStatistics answer the same documents as REST's `/config` and `/stats` (artifacts/triton_extensions.py)
-as protobuf; the repository RPCs answer as Triton does for a repository of one model. The system
+as protobuf; the repository RPCs index, load and unload the models as Triton does (artifacts/models.py). The system
 shared-memory RPCs register, list and release artifacts/client_shm.py's regions (shared with the REST
 server); the CUDA ones list none and refuse to register any. RPCs not implemented here (streaming,
 trace, log settings) answer UNIMPLEMENTED from the base class.
 
-Behind it is the same Runtime as the REST server: one batcher, one bounded queue, one set of
-metrics. It runs on gRPC's own thread pool, not on uvicorn's event loop (which server.py owns):
+Behind it are the same models as the REST server (artifacts/models.py): per model one batcher, one bounded
+queue, one set of metrics. It runs on gRPC's own thread pool, not on uvicorn's event loop (which server.py owns):
 each in-flight RPC holds a pool thread that blocks on its Runtime future, so concurrent RPCs
 reach the batcher together and share batches. The pool admits max_queue + max_batch_size RPCs,
 what the Runtime can hold queued and running; gRPC refuses more with RESOURCE_EXHAUSTED.
@@ -18,11 +18,13 @@ Status codes, each with a one-line message; the server keeps serving afterwards:
   INVALID_ARGUMENT    bytes that are not the RPC's protobuf message; unknown, missing or repeated input;
                       wrong datatype; a shape the model does not take; data not matching its shape;
                       batch over max_batch_size; unknown output
-  NOT_FOUND           unknown model or version (ModelReady answers ready: false instead, as Triton does)
+  NOT_FOUND           unknown, unloaded or not yet loaded model, or a version it does not serve (ModelReady
+                      answers ready: false instead, as Triton does)
   UNAVAILABLE         as Triton: queue full ("Exceeds maximum queue size"), not answered within the queue
                       timeout ("Request timeout expired"), not ready yet (warming up), or the Runtime
                       stopped (`temper serve` shutting down stops it before this server), or the worker
-                      process running the request's batch died (not retried: artifacts/workers.py)
+                      process running the request's batch died (not retried: artifacts/workers.py), or the model
+                      was unloaded while the request waited; load or unload in model control mode none
   RESOURCE_EXHAUSTED  too many RPCs in flight, message over the size limit (gRPC's own answers)
   CANCELLED           the request message did not arrive within the receive deadline (artifacts/grpc_limits.py)
   DEADLINE_EXCEEDED   the client's own deadline passed first
@@ -55,11 +57,14 @@ from temper.artifacts.client_shm import ClientRegions, ShmError, Target
 from temper.artifacts.counters import OTHER
 from temper.artifacts.errors import InstanceLost, Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.grpc_limits import IDLE_S, RECEIVE_TIMEOUT_S, ReceiveDeadline, options
+from temper.artifacts.models import Loaded, Models
 from temper.artifacts.protocol import DATATYPES, VERSION, WIRE
+from temper.artifacts.repository import ModelNotServed
+from temper.artifacts.repository_rpcs import RepositoryRpcs
 from temper.artifacts.request_params import check_output, queue_timeout_s
 from temper.artifacts.runtime import Runtime
 from temper.artifacts.shm_grpc import SharedMemoryRpcs
-from temper.artifacts.triton_extensions import EXTENSIONS, model_config, platform, statistics
+from temper.artifacts.triton_extensions import EXTENSIONS, every_statistics, model_config, model_statistics, platform
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -88,80 +93,55 @@ class Refused(Exception):
         self.code = code
 
 
-class InferenceService(SharedMemoryRpcs, pb_grpc.GRPCInferenceServiceServicer):
-    """Health, metadata, configuration, statistics, the repository of one model, shared memory and ModelInfer
-    for one Runtime."""
+class InferenceService(RepositoryRpcs, SharedMemoryRpcs, pb_grpc.GRPCInferenceServiceServicer):
+    """Health, metadata, configuration, statistics, the model repository, shared memory and ModelInfer for the
+    models of a Models (a Runtime: a Models of that one)."""
 
-    def __init__(self, runtime: Runtime, regions: ClientRegions | None = None) -> None:
-        self.runtime = runtime
+    def __init__(self, models: Models | Runtime, regions: ClientRegions | None = None) -> None:
+        self.models = models if isinstance(models, Models) else Models.single(models)
         self.regions = regions if regions is not None else ClientRegions()
-        config = runtime.config
-        self.name = config.name
-        self.inputs = {spec.name: spec for spec in config.inputs}
-        self.outputs = [spec.name for spec in config.outputs]
-        self.metadata = pb.ModelMetadataResponse(name=self.name, versions=[VERSION], platform=platform(runtime),
-                                                 inputs=_tensors(config.inputs), outputs=_tensors(config.outputs))
 
     def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
     def ServerReady(self, request: pb.ServerReadyRequest, context: Context) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.runtime.ready)
+        return pb.ServerReadyResponse(ready=self.models.ready)
 
     def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name="temper", version=VERSION, extensions=EXTENSIONS)
 
     def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
         """Ready or not, never an error: an unknown model or version is not ready, as Triton answers."""
-        known = request.name == self.name and request.version in ("", VERSION)
-        return pb.ModelReadyResponse(ready=known and self.runtime.ready)
+        try:
+            return pb.ModelReadyResponse(ready=self.models.get(request.name, request.version).runtime.ready)
+        except ModelNotServed:
+            return pb.ModelReadyResponse(ready=False)
 
     def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context) -> pb.ModelMetadataResponse:
-        self._model_or_abort(request.name, request.version, context)
-        return self.metadata
+        model = self._model_or_abort(request.name, request.version, context)
+        config = model.runtime.config
+        return pb.ModelMetadataResponse(name=model.name, versions=[model.version], platform=platform(model.runtime),
+                                        inputs=_tensors(config.inputs), outputs=_tensors(config.outputs))
 
     def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> pb.ModelConfigResponse:
-        self._model_or_abort(request.name, request.version, context)
-        return pb.ModelConfigResponse(config=json_format.ParseDict(model_config(self.runtime), mc.ModelConfig()))
+        model = self._model_or_abort(request.name, request.version, context)
+        return pb.ModelConfigResponse(config=json_format.ParseDict(model_config(model.runtime), mc.ModelConfig()))
 
     def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context) -> pb.ModelStatisticsResponse:
-        """This model's statistics; an empty name asks for every model's, which is this one's."""
+        """This model's statistics; an empty name asks for every model's."""
         if request.name:
-            self._model_or_abort(request.name, request.version, context)
-        return json_format.ParseDict(statistics(self.runtime, 0), pb.ModelStatisticsResponse())
-
-    def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
-                        context: Context) -> pb.RepositoryIndexResponse:
-        """The one model this server serves, READY once warmed up (UNAVAILABLE before, as Triton says)."""
-        state = "READY" if self.runtime.ready else "UNAVAILABLE"
-        if request.ready and state != "READY":
-            return pb.RepositoryIndexResponse()
-        model = pb.RepositoryIndexResponse.ModelIndex(name=self.name, version=VERSION, state=state)
-        return pb.RepositoryIndexResponse(models=[model])
-
-    def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
-                            context: Context) -> pb.RepositoryModelLoadResponse:
-        """Loading the served model is done already; any other is not in this repository of one."""
-        if request.model_name != self.name:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"cannot load '{request.model_name}': this server serves "
-                                                     f"'{self.name}' only; start another `temper serve` for it")
-        return pb.RepositoryModelLoadResponse()
-
-    def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
-                              context: Context) -> pb.RepositoryModelUnloadResponse:
-        if request.model_name != self.name:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"cannot unload '{request.model_name}': this server serves "
-                                                     f"'{self.name}' only")
-        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                      f"cannot unload '{self.name}': it is the one model this server serves; stop `temper serve`")
+            stats = model_statistics(self._model_or_abort(request.name, request.version, context))
+        else:
+            stats = every_statistics(self.models.all())
+        return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
 
     def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
-        """Decode, run through the Runtime's batcher, answer with raw_output_contents."""
-        self._model_or_abort(request.model_name, request.model_version, context)
+        """Decode, run through the model's batcher, answer with raw_output_contents."""
+        model = self._model_or_abort(request.model_name, request.model_version, context)
         try:
-            return self._infer(request, context.time_remaining())
+            return self._infer(model, request, context.time_remaining())
         except Refused as exc:
-            self.refused()
+            model.runtime.metrics.record_failure(OTHER)
             code, message = exc.code, str(exc)
         except (RequestError, Overloaded, RequestTimeout, Stopped) as exc:  # already counted by the Runtime
             code, message = STATUS[type(exc)], str(exc)
@@ -171,39 +151,45 @@ class InferenceService(SharedMemoryRpcs, pb_grpc.GRPCInferenceServiceServicer):
         context.abort(code, message)
 
     def refused(self) -> None:
-        """Count an inference request turned away before the Runtime, which counts what reaches it."""
-        self.runtime.metrics.record_failure(OTHER)
+        """Count an inference request turned away before any model read its name (it did not parse, or its message
+        came late): against the one model served; with several, no model can be named, so none counts it."""
+        only = self.models.only()
+        if only is not None:
+            only.runtime.metrics.record_failure(OTHER)
 
     def late(self, rpc: str) -> None:
         """An RPC cancelled at the receive deadline: a ModelInfer among them is a failed inference request."""
         if rpc == "ModelInfer":
             self.refused()
 
-    def _model_or_abort(self, name: str, version: str, context: Context) -> None:
-        if name != self.name:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model '{name}'; this server serves '{self.name}'")
-        if version not in ("", VERSION):
-            context.abort(grpc.StatusCode.NOT_FOUND, f"model '{name}' has no version '{version}'; it has {VERSION}")
+    def _model_or_abort(self, name: str, version: str, context: Context) -> Loaded:
+        try:
+            return self.models.get(name, version)
+        except ModelNotServed as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            raise  # abort raises; this line is for the type checker
 
-    def _infer(self, request: pb.ModelInferRequest, client_remaining_s: float | None) -> pb.ModelInferResponse:
-        timeout_s = self.runtime.config.timeout_s
+    def _infer(self, model: Loaded, request: pb.ModelInferRequest,
+               client_remaining_s: float | None) -> pb.ModelInferResponse:
+        runtime = model.runtime
+        timeout_s = runtime.config.timeout_s
         try:
             queue_s = queue_timeout_s(_params(request.parameters), timeout_s)
         except RequestError as exc:
             raise _invalid(str(exc)) from None
-        inputs = self._decode_inputs(request)
-        wanted = self._wanted_outputs(request)
-        if not self.runtime.accepting:
-            raise Refused(grpc.StatusCode.UNAVAILABLE, f"model '{self.name}' is not ready")
-        future = self.runtime.submit(inputs, inline=True, timeout_s=queue_s)  # a pool thread may run a tiny model
+        inputs = self._decode_inputs(model, request)
+        wanted = self._wanted_outputs(model, request)
+        if not runtime.accepting:
+            raise Refused(grpc.StatusCode.UNAVAILABLE, f"model '{model.name}' is not ready")
+        future = runtime.submit(inputs, inline=True, timeout_s=queue_s)  # a pool thread may run a tiny model
         if client_remaining_s is not None and client_remaining_s < timeout_s:  # the client gives up first
             try:
-                results = self.runtime.result(future, client_remaining_s)
+                results = runtime.result(future, client_remaining_s)
             except RequestTimeout as exc:
                 raise DeadlinePassed(f"the client's deadline passed: {exc}") from None
         else:
-            results = self.runtime.result(future, timeout_s)
-        response = pb.ModelInferResponse(model_name=self.name, model_version=VERSION, id=request.id)
+            results = runtime.result(future, timeout_s)
+        response = pb.ModelInferResponse(model_name=model.name, model_version=model.version, id=request.id)
         for name, target in wanted:
             array = results[name]
             response.outputs.add(name=name, datatype=DATATYPES[array.dtype.name], shape=array.shape)
@@ -218,7 +204,7 @@ class InferenceService(SharedMemoryRpcs, pb_grpc.GRPCInferenceServiceServicer):
             response.raw_output_contents.append(b"")  # as Triton: one entry per output keeps them in order
         return response
 
-    def _decode_inputs(self, request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
+    def _decode_inputs(self, model: Loaded, request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
         """Arrays from shared memory regions, raw_input_contents (one per other input, in order) or each
         input's typed contents.
 
@@ -236,9 +222,9 @@ class InferenceService(SharedMemoryRpcs, pb_grpc.GRPCInferenceServiceServicer):
         index = 0
         for tensor, target in zip(request.inputs, targets, strict=True):
             name = tensor.name
-            spec = self.inputs.get(name)
+            spec = model.inputs.get(name)
             if spec is None:
-                raise _invalid(f"unknown input '{name}'; the model takes {', '.join(self.inputs)}")
+                raise _invalid(f"unknown input '{name}'; the model takes {', '.join(model.inputs)}")
             if name in inputs:
                 raise _invalid(f"input '{name}' is given twice")
             datatype = DATATYPES[spec.dtype]
@@ -278,15 +264,15 @@ class InferenceService(SharedMemoryRpcs, pb_grpc.GRPCInferenceServiceServicer):
             inputs[name] = array.reshape(shape)
         return inputs
 
-    def _wanted_outputs(self, request: pb.ModelInferRequest) -> list[tuple[str, Target | None]]:
+    def _wanted_outputs(self, model: Loaded, request: pb.ModelInferRequest) -> list[tuple[str, Target | None]]:
         """The outputs to answer with, in the order asked (all of them when none is asked for), each
         with the shared memory it goes to (checked now: a request that cannot be answered is not run)."""
         if not request.outputs:
-            return [(name, None) for name in self.outputs]
+            return [(name, None) for name in model.outputs]
         wanted = []
         for output in request.outputs:
-            if output.name not in self.outputs:
-                raise _invalid(f"unknown output '{output.name}'; the model gives {', '.join(self.outputs)}")
+            if output.name not in model.outputs:
+                raise _invalid(f"unknown output '{output.name}'; the model gives {', '.join(model.outputs)}")
             params = _params(output.parameters)
             where = f"output '{output.name}'"
             try:
@@ -301,19 +287,20 @@ class InferenceService(SharedMemoryRpcs, pb_grpc.GRPCInferenceServiceServicer):
 
 
 class GrpcServer:
-    """A gRPC server for one Runtime on its own thread pool; start() binds, stop() drains.
+    """A gRPC server for a Models (or one Runtime) on its own thread pool; start() binds, stop() drains.
 
-    It neither starts nor stops the Runtime: `temper serve` shares it with the REST server, whose
-    lifespan warms it up; until then ModelInfer answers UNAVAILABLE.
+    It neither loads nor stops the models: `temper serve` shares them with the REST server, whose
+    lifespan loads and warms them up; until then ModelInfer answers NOT_FOUND for a model not loaded yet, and
+    UNAVAILABLE for one warming up.
     """
 
-    def __init__(self, runtime: Runtime, host: str = "127.0.0.1", port: int = 8001,
+    def __init__(self, models: Models | Runtime, host: str = "127.0.0.1", port: int = 8001,
                  max_message_bytes: int = MAX_MESSAGE_BYTES, regions: ClientRegions | None = None,
                  receive_timeout_s: float = RECEIVE_TIMEOUT_S, idle_s: float = IDLE_S) -> None:
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        # what the Runtime can hold queued and running, and SPARE more that it answers at once (queue full)
-        in_flight = runtime.config.max_queue + runtime.max_rows + SPARE_RPCS
-        service = InferenceService(runtime, regions)
+        service = InferenceService(models, regions)
+        # what the models can hold queued and running, and SPARE more that they answer at once (queue full)
+        in_flight = service.models.capacity() + SPARE_RPCS
         # outermost first: the receive deadline holds the call until its message came, then Unparsable parses it
         self.receiving = ReceiveDeadline(service.late, receive_timeout_s)
         self.server = grpc.server(

@@ -14,8 +14,10 @@ so under Triton's names it could only type them `untyped`. temper's own families
 batch-size histograms, start-up choices, HTTP connections) and the process collector (RSS, CPU
 seconds, open file descriptors) go through prometheus_client.
 
-The exposition reads the Runtime, the connection counts and the number of requests the server
-refused, never the server itself, so the server depends on it and not the other way round.
+The exposition reads the models loaded (artifacts/models.py: each one's Runtime, version, memory and the
+requests the server refused before it) and the connection counts, never the server itself, so the server
+depends on it and not the other way round. Every per-model family has one series per model loaded, labelled
+with its name and the version it serves.
 """
 
 from __future__ import annotations
@@ -36,8 +38,7 @@ from prometheus_client.metrics_core import (
 from prometheus_client.utils import floatToGoString
 
 from temper.artifacts.counters import FAILURE_REASONS, OTHER
-from temper.artifacts.protocol import VERSION
-from temper.artifacts.runtime import Runtime
+from temper.artifacts.models import LOAD_GROWTH, WORKERS_RSS, Loaded, Models
 
 LABELS = ["model", "version"]
 CLOSE_REASONS = ("header_timeout", "body_timeout", "headers_too_large", "evicted", "refused")
@@ -50,51 +51,63 @@ class ConnectionCounts(Protocol):
     closed: Counter[str]  # connections the server closed, by reason (CLOSE_REASONS)
 
 
-def _triton_families(runtime: Runtime, refused: int) -> list[Metric]:
-    """Triton's per-model counters and gauges, and its host memory gauges. `refused` requests, those
-    the server turned away before the runtime (which counts everything after that point), are
+# Triton's per-model counters and gauges: (name, type, help, value from a snapshot, the Loaded model)
+PER_MODEL: list[tuple[str, str, str, Callable[[dict, Loaded], float]]] = [
+    ("nv_inference_request_success", "counter", "Number of successful inference requests",
+     lambda m, _: m["request_success"]),
+    ("nv_inference_count", "counter", "Number of inferences performed (a batch of n rows counts n)",
+     lambda m, _: m["inference_count"]),
+    ("nv_inference_exec_count", "counter", "Number of model executions (batches) performed",
+     lambda m, _: m["execution_count"]),
+    ("nv_inference_request_duration_us", "counter", "Cumulative time from submission to answer or failure of "
+     "inference requests, in microseconds", lambda m, _: (m["success_ns"] + m["failure_ns"]) // 1000),
+    ("nv_inference_queue_duration_us", "counter", "Cumulative time requests waited in the queue, in microseconds",
+     lambda m, _: m["queue_ns"] // 1000),
+    ("nv_inference_compute_input_duration_us", "counter", "Cumulative time merging requests into batches, per "
+     "request, in microseconds", lambda m, _: m["compute_input_ns"] // 1000),
+    ("nv_inference_compute_infer_duration_us", "counter", "Cumulative model execution time per request, in "
+     "microseconds", lambda m, _: m["compute_ns"] // 1000),
+    ("nv_inference_compute_output_duration_us", "counter", "Cumulative time splitting batch outputs into requests, "
+     "per request, in microseconds", lambda m, _: m["compute_output_ns"] // 1000),
+    ("nv_inference_pending_request_count", "gauge", "Inference requests queued, waiting for a batch",
+     lambda _, model: model.runtime.pending),
+    ("temper_inline_exec_count", "counter", "Executions run inline on the event loop instead of by the batcher",
+     lambda m, _: m["inline_count"]),
+]
+
+
+def _triton_families(models: list[Loaded]) -> list[Metric]:
+    """Triton's per-model counters and gauges, one sample per model loaded, and its host memory gauges. The
+    requests each model's server refused before its runtime (which counts everything after that point) are
     failures of reason OTHER."""
-    m = runtime.metrics.snapshot()
-    model = dict(zip(LABELS, [runtime.config.name, VERSION]))
-
-    def family(name: str, kind: str, help_text: str, value: float, labels: dict[str, str] | None = None) -> Metric:
-        metric = Metric(name, help_text, kind)
-        metric.add_sample(name, model if labels is None else labels, value)
-        return metric
-
+    snapshots = [(model, model.runtime.metrics.snapshot(), _labels(model)) for model in models]
+    families = []
+    for name, kind, help_text, value in PER_MODEL:
+        family = Metric(name, help_text, kind)
+        for model, m, labels in snapshots:
+            family.add_sample(name, labels, value(m, model))
+        families.append(family)
     failures = Metric("nv_inference_request_failure", "Number of failed inference requests, by reason: REJECTED "
                       "(queue full, timed out in the queue, runtime stopping), CANCELED (the caller gave up), "
                       "BACKEND (the model's run failed), OTHER (bad or refused requests)", "counter")
-    for reason in FAILURE_REASONS:
-        count = m["failures"][reason] + (refused if reason == OTHER else 0)
-        failures.add_sample(failures.name, {**model, "reason": reason}, count)
+    for model, m, labels in snapshots:
+        for reason in FAILURE_REASONS:
+            count = m["failures"][reason] + (model.refused if reason == OTHER else 0)
+            failures.add_sample(failures.name, {**labels, "reason": reason}, count)
+    families.insert(1, failures)
     memory = psutil.virtual_memory()
-    return [
-        family("nv_inference_request_success", "counter", "Number of successful inference requests",
-               m["request_success"]),
-        failures,
-        family("nv_inference_count", "counter", "Number of inferences performed (a batch of n rows counts n)",
-               m["inference_count"]),
-        family("nv_inference_exec_count", "counter", "Number of model executions (batches) performed",
-               m["execution_count"]),
-        family("nv_inference_request_duration_us", "counter", "Cumulative time from submission to answer or "
-               "failure of inference requests, in microseconds", (m["success_ns"] + m["failure_ns"]) // 1000),
-        family("nv_inference_queue_duration_us", "counter", "Cumulative time requests waited in the queue, in "
-               "microseconds", m["queue_ns"] // 1000),
-        family("nv_inference_compute_input_duration_us", "counter", "Cumulative time merging requests into "
-               "batches, per request, in microseconds", m["compute_input_ns"] // 1000),
-        family("nv_inference_compute_infer_duration_us", "counter", "Cumulative model execution time per "
-               "request, in microseconds", m["compute_ns"] // 1000),
-        family("nv_inference_compute_output_duration_us", "counter", "Cumulative time splitting batch outputs "
-               "into requests, per request, in microseconds", m["compute_output_ns"] // 1000),
-        family("nv_inference_pending_request_count", "gauge", "Inference requests queued, waiting for a batch",
-               runtime.pending),
-        family("temper_inline_exec_count", "counter", "Executions run inline on the event loop instead of by "
-               "the batcher", m["inline_count"]),
-        family("nv_cpu_memory_total_bytes", "gauge", "Total memory of the host, in bytes", memory.total, {}),
-        family("nv_cpu_memory_used_bytes", "gauge", "Memory in use on the host (total less available), in bytes",
-               memory.total - memory.available, {}),
-    ]
+    for gauge, about, amount in (
+            ("nv_cpu_memory_total_bytes", "Total memory of the host, in bytes", memory.total),
+            ("nv_cpu_memory_used_bytes", "Memory in use on the host (total less available), in bytes",
+             memory.total - memory.available)):
+        host = Metric(gauge, about, "gauge")
+        host.add_sample(gauge, {}, amount)
+        families.append(host)
+    return families
+
+
+def _labels(model: Loaded) -> dict[str, str]:
+    return dict(zip(LABELS, [model.name, model.version]))
 
 
 def _text(families: list[Metric]) -> str:
@@ -119,39 +132,45 @@ def _escaped(value: str, quote: bool = True) -> str:
 
 
 class ServingCollector:
-    """temper's own metric families from the runtime and the connection counts, built at each scrape."""
+    """temper's own metric families from the models and the connection counts, built at each scrape."""
 
-    def __init__(self, runtime: Runtime, connections: ConnectionCounts) -> None:
-        self.runtime = runtime
+    def __init__(self, models: Models, connections: ConnectionCounts) -> None:
+        self.models = models
         self.connections = connections
 
     def collect(self) -> Iterator[Metric]:
-        model = [self.runtime.config.name, VERSION]
-        yield from _runtime_families(self.runtime, model)
-        yield from _connection_families(self.connections, model)
+        loaded = self.models.all()
+        yield from _runtime_families(loaded)
+        yield from _connection_families(self.connections, self.models.only())
 
 
-def _runtime_families(runtime: Runtime, model: list[str]) -> Iterator[Metric]:
-    """Start-up choices, latency and batch sizes."""
-    m = runtime.metrics.snapshot()
+def _runtime_families(models: list[Loaded]) -> Iterator[Metric]:
+    """Start-up choices, latency, batch sizes, memory and instances, one sample (or series) per model."""
     info = GaugeMetricFamily("temper_runtime_info", "What start-up chose: engine, intra-op threads, inline runs, "
                              "worker instances (0: in the server's process) (value 1)",
                              labels=[*LABELS, "engine", "intra_op_threads", "inline", "instances"])
-    info.add_metric([*model, runtime.engine, str(runtime.intra_op_threads), str(runtime.inline).lower(),
-                     str(runtime.instances or 0)], 1)
-    yield info
-
     latency = HistogramMetricFamily("temper_request_duration_seconds", "Time from queueing to answer of "
                                     "successful inference requests", labels=LABELS)
-    buckets = [(floatToGoString(ms / 1000), n) for ms, n in zip(m["latency_buckets_ms"], m["latency_counts"])]
-    latency.add_metric(model, [*buckets, ("+Inf", m["latency_count"])], m["latency_sum_ms"] / 1000)
-    yield latency
+    sizes = HistogramMetricFamily("temper_batch_size", "Rows per model execution", labels=LABELS)
+    memory = GaugeMetricFamily("temper_model_memory_bytes", "Memory the model takes, as `measure` says: "
+                               f"{WORKERS_RSS} (its worker processes' RSS now) or {LOAD_GROWTH} (the server "
+                               "process's RSS growth across its load: in-process sessions cannot be told apart)",
+                               labels=[*LABELS, "measure"])
+    for loaded in models:
+        runtime, model = loaded.runtime, [loaded.name, loaded.version]
+        m = runtime.metrics.snapshot()
+        info.add_metric([*model, runtime.engine, str(runtime.intra_op_threads), str(runtime.inline).lower(),
+                         str(runtime.instances or 0)], 1)
+        buckets = [(floatToGoString(ms / 1000), n) for ms, n in zip(m["latency_buckets_ms"], m["latency_counts"])]
+        latency.add_metric(model, [*buckets, ("+Inf", m["latency_count"])], m["latency_sum_ms"] / 1000)
+        _batch_sizes(sizes, m["batches"], runtime.max_rows, model, m["inference_count"])
+        size, measure = loaded.memory()
+        memory.add_metric([*model, measure], size)
+    yield from (info, latency, sizes, memory)
+    yield from _instance_families(models)
 
-    yield _batch_sizes(m["batches"], runtime.max_rows, model, m["inference_count"])
-    yield from _instance_families(runtime, model)
 
-
-def _instance_families(runtime: Runtime, model: list[str]) -> Iterator[Metric]:
+def _instance_families(models: list[Loaded]) -> Iterator[Metric]:
     """Per model instance (worker process; the one in-process session with --instances 0): whether it is
     ready, and how often its worker was restarted after dying. Triton has no such series; these follow its
     model and version labels."""
@@ -160,11 +179,12 @@ def _instance_families(runtime: Runtime, model: list[str]) -> Iterator[Metric]:
                               labels=[*LABELS, "instance"])
     restarts = CounterMetricFamily("temper_model_instance_restarts", "Times the instance's worker process was "
                                    "started again after it died", labels=[*LABELS, "instance"])
-    pool = runtime.pool
-    if pool is None:
-        ready.add_metric([*model, "0"], float(runtime.ready))
-        restarts.add_metric([*model, "0"], 0)
-    else:
+    for loaded in models:
+        runtime, model, pool = loaded.runtime, [loaded.name, loaded.version], loaded.runtime.pool
+        if pool is None:
+            ready.add_metric([*model, "0"], float(runtime.ready))
+            restarts.add_metric([*model, "0"], 0)
+            continue
         for instance in pool.instances:
             ready.add_metric([*model, str(instance.index)], float(instance.ready))
             restarts.add_metric([*model, str(instance.index)], instance.restarts)
@@ -172,8 +192,10 @@ def _instance_families(runtime: Runtime, model: list[str]) -> Iterator[Metric]:
     yield restarts
 
 
-def _connection_families(connections: ConnectionCounts, model: list[str]) -> Iterator[Metric]:
-    """Open HTTP connections, and those the server closed by reason."""
+def _connection_families(connections: ConnectionCounts, only: Loaded | None) -> Iterator[Metric]:
+    """Open HTTP connections, and those the server closed by reason: the server's, labelled with its model
+    when it serves one (as before repositories), else with empty model and version labels."""
+    model = [only.name, only.version] if only is not None else ["", ""]
     open_now = GaugeMetricFamily("temper_http_connections", "Open HTTP connections", labels=LABELS)
     open_now.add_metric(model, connections.open)
     yield open_now
@@ -186,26 +208,24 @@ def _connection_families(connections: ConnectionCounts, model: list[str]) -> Ite
     yield closed
 
 
-def _batch_sizes(batches: dict[int, list[int]], max_rows: int, model: list[str], rows: int) -> HistogramMetricFamily:
+def _batch_sizes(family: HistogramMetricFamily, batches: dict[int, list[int]], max_rows: int, model: list[str],
+                 rows: int) -> None:
     """Executions by batch size (rows), in power-of-two buckets up to max_rows; the sum is the rows run."""
     bounds = sorted({min(1 << i, max_rows) for i in range(max_rows.bit_length() + 1)})
-    family = HistogramMetricFamily("temper_batch_size", "Rows per model execution", labels=LABELS)
     buckets = [(floatToGoString(b), sum(v[0] for size, v in batches.items() if size <= b)) for b in bounds]
     family.add_metric(model, [*buckets, ("+Inf", sum(v[0] for v in batches.values()))], rows)
-    return family
 
 
 class Exposition:
     """What /metrics renders: Triton's families, then temper's and the process collector's."""
 
-    def __init__(self, runtime: Runtime, connections: ConnectionCounts, refused: Callable[[], int]) -> None:
-        self.runtime = runtime
-        self.refused = refused
+    def __init__(self, models: Models, connections: ConnectionCounts) -> None:
+        self.models = models
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ServingCollector(runtime, connections))
+        self.registry.register(ServingCollector(models, connections))
         ProcessCollector(registry=self.registry)
 
     def render(self) -> tuple[bytes, str]:
         """The body and its content type, the text format 0.0.4."""
-        triton = _text(_triton_families(self.runtime, self.refused())).encode()
+        triton = _text(_triton_families(self.models.all())).encode()
         return triton + generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4

@@ -71,8 +71,9 @@ class RestCodec:
     memory go through `regions` (none registered and refused when None).
     """
 
-    def __init__(self, config: ServingConfig, max_body_bytes: int, regions: ClientRegions | None = None) -> None:
-        self.name = config.name
+    def __init__(self, config: ServingConfig, max_body_bytes: int, regions: ClientRegions | None = None,
+                 version: str = VERSION) -> None:
+        self.name, self.version = config.name, version
         self.regions = regions if regions is not None else ClientRegions()
         self.max_body_bytes = max_body_bytes
         self.inputs = {spec.name: spec for spec in config.inputs}
@@ -195,7 +196,7 @@ class RestCodec:
             else:
                 entry["data"] = array.ravel()  # orjson writes a contiguous array without a Python list
             outputs.append(entry)
-        reply: dict[str, Any] = {"model_name": self.name, "model_version": VERSION, "outputs": outputs}
+        reply: dict[str, Any] = {"model_name": self.name, "model_version": self.version, "outputs": outputs}
         if request_id is not None:
             reply["id"] = request_id
         head = encode_json(reply)

@@ -56,13 +56,17 @@ from temper.artifacts.http_limits import (
     BODY_TIMEOUT_S,
     HEADER_TIMEOUT_S,
     KEEP_ALIVE_S,
+    MIN_BODY_BYTES,
     Connections,
     GuardedProtocol,
     body_limit,
     connection_limit,
 )
 from temper.artifacts.metrics import Exposition
+from temper.artifacts.models import ControlDisabled, Loaded, Models
 from temper.artifacts.protocol import VERSION
+from temper.artifacts.repository import LoadFailed, ModelNotServed
+from temper.artifacts.repository_routes import REPOSITORY, RepositoryRoutes
 from temper.artifacts.rest_codec import (
     JSON_TYPE,
     HttpError,
@@ -74,7 +78,7 @@ from temper.artifacts.rest_codec import (
 )
 from temper.artifacts.runtime import Runtime
 from temper.artifacts.shm_http import PREFIXES, shm_route
-from temper.artifacts.triton_extensions import EXTENSIONS, model_config, platform, statistics
+from temper.artifacts.triton_extensions import EXTENSIONS, every_statistics, model_config, model_statistics, platform
 
 __all__ = ["InferenceServer", "bind", "body_limit", "serve"]
 
@@ -85,34 +89,51 @@ log = logging.getLogger(__name__)
 
 
 class InferenceServer:
-    """ASGI app serving one Runtime; the lifespan starts it (warm-up included) and stops it.
+    """ASGI app serving the models of a Models (a Runtime: a Models of that one); the lifespan loads the startup
+    models (warm-up included) and stops them all.
 
-    `max_body_bytes` None: body_limit(config). `max_connections` None: connection_limit(). `regions`:
-    the client shared memory regions, shared with a gRPC server (None: client shared memory off).
+    `max_body_bytes` None: the largest body_limit of the models. `max_connections` None: connection_limit().
+    `regions`: the client shared memory regions, shared with a gRPC server (None: client shared memory off).
     """
 
-    def __init__(self, runtime: Runtime, max_body_bytes: int | None = None, max_connections: int | None = None,
+    def __init__(self, models: Models | Runtime, max_body_bytes: int | None = None, max_connections: int | None = None,
                  header_timeout_s: float = HEADER_TIMEOUT_S, body_timeout_s: float = BODY_TIMEOUT_S,
                  keep_alive_s: float = KEEP_ALIVE_S, regions: ClientRegions | None = None) -> None:
-        self.runtime = runtime
-        config = runtime.config
-        self.max_body_bytes = max_body_bytes or body_limit(config)
+        self.models = models if isinstance(models, Models) else Models.single(models)
+        self.max_body_bytes = max_body_bytes or max([body_limit(c) for c in self.models.configs()], default=0) \
+            or MIN_BODY_BYTES
         self.connections = Connections(max_connections or connection_limit(), header_timeout_s, body_timeout_s)
         self.keep_alive_s = keep_alive_s
-        self.name, self.timeout_s = config.name, config.timeout_s
-        self.failed = 0  # infer requests failed here: refused before the runtime, or unwritable after it; loop only
         self.arriving = 0  # infer requests between their last body byte and the runtime; event loop only
         self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="temper-decode")
         self.owns_regions = regions is None  # closed at shutdown here; shared ones by whoever made them
         self.regions = regions if regions is not None else ClientRegions()
-        self.codec = RestCodec(config, self.max_body_bytes, self.regions)
-        self.metadata = encode_json({
-            "name": self.name, "versions": [VERSION], "platform": platform(runtime),
-            "inputs": tensor_metadata(config.inputs), "outputs": tensor_metadata(config.outputs),
-        })
+        self._views: dict[str, tuple[Loaded, RestCodec, bytes]] = {}  # per model loaded: its codec and metadata
         self.server_metadata = encode_json({"name": "temper", "version": VERSION,
                                             "extensions": EXTENSIONS})
-        self.exposition = Exposition(runtime, self.connections, lambda: self.failed)
+        self.exposition = Exposition(self.models, self.connections)
+        self.repository = RepositoryRoutes(self.models)
+
+    @property
+    def runtime(self) -> Runtime:
+        """The Runtime of the one model served (a server of one bundle); AttributeError with several."""
+        only = self.models.only()
+        if only is None:
+            raise AttributeError("this server serves several models; ask self.models")
+        return only.runtime
+
+    def _view(self, model: Loaded) -> tuple[RestCodec, bytes]:
+        """The model's codec and metadata body, built once per load."""
+        view = self._views.get(model.name)
+        if view is None or view[0] is not model:
+            config = model.runtime.config
+            metadata = encode_json({
+                "name": model.name, "versions": [model.version], "platform": platform(model.runtime),
+                "inputs": tensor_metadata(config.inputs), "outputs": tensor_metadata(config.outputs),
+            })
+            view = self._views[model.name] = (model, RestCodec(config, self.max_body_bytes, self.regions,
+                                                               model.version), metadata)
+        return view[1], view[2]
 
     def uvicorn_config(self, **options: Any) -> uvicorn.Config:
         """uvicorn settings that serve this app through GuardedProtocol; `options` override them."""
@@ -135,14 +156,13 @@ class InferenceServer:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 try:
-                    await asyncio.to_thread(self.runtime.start)
+                    await asyncio.to_thread(self.models.start)
                 except Exception as exc:  # noqa: BLE001 - any start-up failure: uvicorn prints it and exits non-zero
-                    await send({"type": "lifespan.startup.failed",
-                                "message": f"cannot start {self.name}: {type(exc).__name__}: {exc}"})
+                    await send({"type": "lifespan.startup.failed", "message": f"cannot start: {exc}"})
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":  # runtime first: what is queued there gets 503, not 500
-                await asyncio.to_thread(self.runtime.stop)
+                await asyncio.to_thread(self.models.stop)
                 self.worker.shutdown(wait=False, cancel_futures=True)
                 if self.owns_regions:
                     self.regions.close()
@@ -156,8 +176,12 @@ class InferenceServer:
             return error_response(exc.status, str(exc))
         except RequestError as exc:
             return error_response(400, str(exc))
-        except (Overloaded, Stopped) as exc:
+        except ModelNotServed as exc:
+            return error_response(404, str(exc))
+        except (Overloaded, Stopped, ControlDisabled) as exc:
             return error_response(503, str(exc))
+        except LoadFailed as exc:
+            return error_response(400, str(exc))
         except RequestTimeout as exc:
             return error_response(504, str(exc))
         except Exception as exc:
@@ -168,36 +192,36 @@ class InferenceServer:
         method, path = scope["method"], scope["path"]
         if path.startswith("/v2/models/"):
             name, _, action = path[len("/v2/models/"):].partition("/")
-            if name == "stats" and not action and name != self.name:  # statistics of every model: this one
+            if name == "stats" and not action and name not in self.models.catalog.names():  # every model's
                 _allow(method, "GET")
-                return 200, [JSON_TYPE], encode_json(statistics(self.runtime, self.failed))
-            if name != self.name:
-                raise HttpError(404, f"unknown model '{name}'; this server serves '{self.name}'")
+                return 200, [JSON_TYPE], encode_json(every_statistics(self.models.all()))
+            version = ""
             if action.startswith("versions/"):
                 version, _, action = action[len("versions/"):].partition("/")
-                if version != VERSION:
-                    raise HttpError(404, f"model '{name}' has no version '{version}'; it has version {VERSION}")
+            if action == "ready":  # not an error for a model not loaded: it is not ready
+                _allow(method, "GET")
+                return self._model_ready(name, version)
+            model = self.models.get(name, version)  # ModelNotServed: 404
             if action == "infer":
                 _allow(method, "POST")
-                return await self._infer(scope, receive)
+                return await self._infer(model, scope, receive)
             if action == "":
                 _allow(method, "GET")
-                return 200, [JSON_TYPE], self.metadata
-            if action == "ready":
-                _allow(method, "GET")
-                return self._ready()
+                return 200, [JSON_TYPE], self._view(model)[1]
             if action == "config":
                 _allow(method, "GET")
-                return 200, [JSON_TYPE], encode_json(model_config(self.runtime))
+                return 200, [JSON_TYPE], encode_json(model_config(model.runtime))
             if action == "stats":
                 _allow(method, "GET")
-                return 200, [JSON_TYPE], encode_json(statistics(self.runtime, self.failed))
+                return 200, [JSON_TYPE], encode_json(model_statistics(model))
         elif path == "/v2/health/live":
             _allow(method, "GET")
             return 200, [], b""
         elif path == "/v2/health/ready":
             _allow(method, "GET")
-            return self._ready()
+            return (200, [], b"") if self.models.ready else error_response(503, "not every model asked for is ready")
+        elif path.startswith(REPOSITORY):
+            return await self.repository.route(method, path, await self._body(dict(scope["headers"]), receive))
         elif path.startswith(PREFIXES):
             return shm_route(self.regions, method, path, await self._body(dict(scope["headers"]), receive))
         elif path == "/metrics":
@@ -209,41 +233,44 @@ class InferenceServer:
             return 200, [JSON_TYPE], self.server_metadata
         raise HttpError(404, f"no such endpoint: {method} {path}")
 
-    def _ready(self) -> Response:
-        return (200, [], b"") if self.runtime.ready else error_response(503, f"model '{self.name}' is not ready")
+    def _model_ready(self, name: str, version: str) -> Response:
+        model = self.models.get(name, version)  # an unknown model or version: 404, as before
+        return (200, [], b"") if model.runtime.ready else error_response(503, f"model '{name}' is not ready")
 
-    async def _infer(self, scope: dict, receive: Any) -> Response:
+    async def _infer(self, model: Loaded, scope: dict, receive: Any) -> Response:
+        runtime, (codec, _) = model.runtime, self._view(model)
+        timeout_s = runtime.config.timeout_s
         try:
             headers = dict(scope["headers"])
             body = await self._body(headers, receive)
             if len(body) > INLINE_BODY_BYTES or b"content-encoding" in headers:
-                request_id, inputs, wanted, queue_s = await self._on_worker(self.codec.decode, body, headers)
+                request_id, inputs, wanted, queue_s = await self._on_worker(codec.decode, body, headers)
             else:
-                request_id, inputs, wanted, queue_s = self.codec.decode(body, headers)
+                request_id, inputs, wanted, queue_s = codec.decode(body, headers)
             del body  # its JSON text is done with while the request waits (binary inputs are views that keep it)
-            if not self.runtime.accepting:
-                raise HttpError(503, f"model '{self.name}' is not ready")
+            if not runtime.accepting:
+                raise HttpError(503, f"model '{model.name}' is not ready")
         except (HttpError, RequestError):
-            self.failed += 1  # never reached the runtime, which counts everything after this
+            model.refused += 1  # never reached the runtime, which counts everything after this
             raise
-        # RequestError, Overloaded, Stopped
-        future = self.runtime.submit(inputs, inline=await self._alone(), timeout_s=queue_s)
+        # RequestError, Overloaded, Stopped (unloaded meanwhile)
+        future = runtime.submit(inputs, inline=await self._alone(runtime), timeout_s=queue_s)
         if future.done():  # ran inline: no hand-off back to the event loop to wait for
             results = future.result()
         else:
             try:  # wait_for cancels a still-queued future; abandon() fails a running one
-                results = await asyncio.wait_for(asyncio.wrap_future(future), self.timeout_s)
+                results = await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
             except TimeoutError:
-                message = f"not answered within {self.timeout_s}s"
+                message = f"not answered within {timeout_s}s"
                 if abandon(future, message):  # dropped if queued, a failure if running: never a success
                     raise RequestTimeout(message) from None
                 results = future.result()
         try:
             if sum(results[w.name].size for w in wanted if w.json) > INLINE_OUTPUT_ELEMENTS:
-                return await self._on_worker(self.codec.encode, request_id, results, wanted)
-            return self.codec.encode(request_id, results, wanted)
+                return await self._on_worker(codec.encode, request_id, results, wanted)
+            return codec.encode(request_id, results, wanted)
         except HttpError:
-            self.failed += 1
+            model.refused += 1
             raise
 
     async def _on_worker(self, call: Any, *args: Any) -> Any:
@@ -254,7 +281,7 @@ class InferenceServer:
             raise Stopped("the server is shutting down") from None
         return await future
 
-    async def _alone(self) -> bool:
+    async def _alone(self, runtime: Runtime) -> bool:
         """Whether this request may run inline: the model is tiny and no other request reached
         this point in the same turn of the event loop.
 
@@ -262,7 +289,7 @@ class InferenceServer:
         so they see each other and go to the batcher to share a batch. Running them inline one
         by one would serialise every run on the event loop. Slow models never yield here.
         """
-        if not self.runtime.inline:
+        if not runtime.inline:
             return False
         self.arriving += 1
         try:
@@ -313,11 +340,11 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(runtime: Runtime, sock: socket.socket, max_body_bytes: int | None = None,
+def serve(models: Models | Runtime, sock: socket.socket, max_body_bytes: int | None = None,
           max_connections: int | None = None, regions: ClientRegions | None = None) -> None:
-    """Serve on `sock` (from bind) until interrupted; the runtime warms up before requests are
+    """Serve on `sock` (from bind) until interrupted; the startup models warm up before requests are
     answered. uvicorn runs httptools and uvloop (measured 1.38x on a tiny model)."""
-    app = InferenceServer(runtime, max_body_bytes, max_connections, regions=regions)
+    app = InferenceServer(models, max_body_bytes, max_connections, regions=regions)
     try:
         uvicorn.Server(app.uvicorn_config()).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on; uvicorn.run() swallows it the same way

@@ -6,7 +6,11 @@ Triton's own ModelConfig protobuf).
     <dest>/<name>/
       config.pbtxt
       1/model.onnx     (+ the external-data files it references), or 1/model.plan
+      1/runtime.json   (+ manifest.json, report.json when the bundle has them): the version folder is a
+                       temper bundle too, so `temper serve <dest>` serves the repository (artifacts/repository.py);
+                       a plan-only folder (no model.onnx) is Triton's alone
       .temper-output   the marker that lets a later export replace this folder
+    --version N writes N/ instead of 1/, beside the versions already there.
 
 Batching follows the bundle's tensors. When every input and output has a dynamic first
 (batch) dim, Triton batches: `max_batch_size` comes from runtime.json, dims leave the batch
@@ -36,6 +40,7 @@ not carried over, and Triton batches only requests of one shape.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -45,13 +50,16 @@ import onnx
 
 from temper.artifacts.bundle import CONFIG as BUNDLE_CONFIG
 from temper.artifacts.bundle import MODEL, ServingConfig, TensorSpec, read
-from temper.artifacts.folders import MARKER, mark, replaceable
+from temper.artifacts.folders import MARKER, is_marked, mark, replaceable
+from temper.artifacts.integrity import MANIFEST, REPORT
 from temper.artifacts.openvino_session import OpenVinoSettings
 from temper.artifacts.providers import PROVIDERS, is_openvino
 from temper.artifacts.session import SessionSettings
 
 CONFIG = "config.pbtxt"
 VERSION = "1"
+VERSION_NAME = re.compile(r"[1-9][0-9]*")  # a version folder Triton serves: a number without a leading 0
+BUNDLE_FILES = (BUNDLE_CONFIG, MANIFEST, REPORT)  # what makes a version folder a temper bundle beside the model
 PLAN = "model.plan"  # a TensorRT engine beside model.onnx; served instead of it when present
 OPENVINO_BACKEND = "openvino"  # Triton's OpenVINO backend: a bundle selected on an OpenVINO engine
 WARMUP_DIM = 8  # concrete size for dynamic non-batch dims (e.g. sequence length) in warm-up requests
@@ -73,18 +81,26 @@ class _Enum(str):
 
 
 def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = "KIND_AUTO",
-                      config: ServingConfig | None = None) -> Path:
-    """Write a Triton model repository: dest/<config.name>/config.pbtxt and dest/<name>/1/model.onnx
-    (plus external data if any). Returns the model folder; an existing one is replaced only when
-    temper wrote it (its marker), since the name comes from the bundle, not from the user.
+                      config: ServingConfig | None = None, version: str = VERSION) -> Path:
+    """Write a Triton model repository: dest/<config.name>/config.pbtxt and dest/<name>/<version>/ holding
+    model.onnx (plus external data if any) and the bundle's own files, runtime.json, manifest.json and
+    report.json, so that each version folder is a temper bundle `temper serve` serves too (Triton's
+    ONNX Runtime backend reads model.onnx and ignores the rest). Returns the model folder.
+
+    The model folder is replaced only when temper wrote it (its marker), since the name comes from the bundle,
+    not from the user; its other version folders stay, and config.pbtxt is rewritten unless a higher version
+    is there (Triton has one config per model and serves the highest version).
 
     `bundle` is a serving bundle (its runtime.json is the config), or, with `config`, any folder
     holding model.onnx: a model of a run's output folder, with the options publishing would give it."""
+    given = config
     config = config or read(bundle)
     if kind not in KINDS:
         raise ValueError(f"instance kind {kind!r} is not one of {', '.join(KINDS)}")
     if instances < 1:
         raise ValueError(f"instances must be >= 1, got {instances}")
+    if not VERSION_NAME.fullmatch(version):
+        raise ValueError(f"version {version!r} is not a Triton version folder name (1, 2, ...: no leading 0)")
     name = folder_name(config.name)
     folder = dest / name
     if not replaceable(folder):
@@ -95,6 +111,7 @@ def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = 
         raise ValueError(f"{bundle} holds a TensorRT plan, which only runs on a GPU; use KIND_GPU or KIND_AUTO")
 
     files = [bundle / PLAN] if plan else [bundle / MODEL, *_external_data(bundle)]
+    files += [bundle / f for f in BUNDLE_FILES if (bundle / f).is_file() and (given is None or f != BUNDLE_CONFIG)]
     if not plan and config.engine is not None and is_openvino(config.engine):
         if kind == "KIND_GPU":
             raise ValueError(f"{bundle} was selected on {config.engine}, OpenVINO's CPU engine; use KIND_CPU or "
@@ -107,18 +124,37 @@ def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = 
     staging = dest / f".{name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        (staging / VERSION).mkdir(parents=True)
+        (staging / version).mkdir(parents=True)
         for file in files:
-            target = staging / VERSION / file.relative_to(bundle)
+            target = staging / version / file.relative_to(bundle)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(file, target)
+        if given is not None:  # a run's model: runtime.json is the config publishing would give it
+            (staging / version / BUNDLE_CONFIG).write_text(given.model_dump_json(indent=2) + "\n")
         (staging / CONFIG).write_text(text)
         mark(staging, model=name)
-        shutil.rmtree(folder, ignore_errors=True)
-        staging.rename(folder)
+        if folder.is_dir() and is_marked(folder):
+            _add_version(staging, folder, version)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+            staging.rename(folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def _add_version(staging: Path, folder: Path, version: str) -> None:
+    """Put staging/<version> into an existing model folder in place of that version, keeping the others;
+    config.pbtxt follows the highest version."""
+    old = folder / f".{version}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if (folder / version).exists():
+        os.replace(folder / version, old)
+    os.replace(staging / version, folder / version)
+    shutil.rmtree(old, ignore_errors=True)
+    others = [int(p.name) for p in folder.iterdir() if p.is_dir() and VERSION_NAME.fullmatch(p.name)]
+    if int(version) >= max(others):
+        os.replace(staging / CONFIG, folder / CONFIG)
 
 
 def folder_name(name: str) -> str:

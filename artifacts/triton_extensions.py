@@ -8,15 +8,18 @@ read them unchanged.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from temper.artifacts.protocol import VERSION
 from temper.artifacts.providers import PROVIDERS, is_openvino
 from temper.artifacts.runtime import Runtime
 from temper.artifacts.triton import OPENVINO_BACKEND, _model_config
 
+if TYPE_CHECKING:
+    from temper.artifacts.models import Loaded
+
 PLATFORM = "onnxruntime_onnx"  # Triton's name for what runs the model
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics",  # what both servers' metadata list
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics",  # what both list
               "system_shared_memory"]  # listed as Triton does, also while --allow-client-shm is off
 
 
@@ -40,11 +43,13 @@ def model_config(runtime: Runtime) -> dict[str, Any]:
     return {**config, "backend": "onnxruntime"}
 
 
-def statistics(runtime: Runtime, refused: int) -> dict[str, Any]:
-    """Triton's statistics extension for this model. Counts are requests, times are summed
+def statistics(runtime: Runtime, refused: int, version: str = VERSION, memory_bytes: int | None = None
+               ) -> dict[str, Any]:
+    """Triton's statistics extension for one model. Counts are requests, times are summed
     per request (a request in a batch of 8 adds the whole batch's compute), as Triton does;
     batch_stats count executions per batch size. fail adds the `refused` requests the server
-    turned away before they reached the runtime."""
+    turned away before they reached the runtime. `memory_bytes` (artifacts/models.py says how it is
+    measured) becomes Triton's memory_usage, one CPU entry."""
     m = runtime.metrics.snapshot()
     executed = m["executed_requests"]
 
@@ -52,7 +57,7 @@ def statistics(runtime: Runtime, refused: int) -> dict[str, Any]:
         return {"count": count, "ns": ns}
 
     model = {
-        "name": runtime.config.name, "version": VERSION, "last_inference": m["last_inference_ms"],
+        "name": runtime.config.name, "version": version, "last_inference": m["last_inference_ms"],
         "inference_count": m["inference_count"], "execution_count": m["execution_count"],
         "inference_stats": {
             "success": duration(m["request_success"], m["success_ns"]),
@@ -68,6 +73,15 @@ def statistics(runtime: Runtime, refused: int) -> dict[str, Any]:
              "compute_infer": duration(count, infer_ns), "compute_output": duration(count, output_ns)}
             for rows, (count, input_ns, infer_ns, output_ns) in m["batches"].items()
         ],
-        "memory_usage": [],
+        "memory_usage": [] if memory_bytes is None else [{"type": "CPU", "id": 0, "byte_size": memory_bytes}],
     }
     return {"model_stats": [model]}
+
+
+def every_statistics(models: list[Loaded]) -> dict[str, Any]:
+    """The statistics of every model loaded, as Triton answers a request naming none."""
+    return {"model_stats": [model_statistics(m)["model_stats"][0] for m in models]}
+
+
+def model_statistics(model: Loaded) -> dict[str, Any]:
+    return statistics(model.runtime, model.refused, model.version, model.memory()[0])

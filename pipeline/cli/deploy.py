@@ -19,12 +19,12 @@ from rich.text import Text
 from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line, unwritable
 from temper.artifacts.triton_cluster import IMAGE, STORAGE_URI
 from temper.pipeline.cli.common import TrackingOpt, app, err, number, out
+from temper.pipeline.cli.serving import PULL_AGAIN
 
 if TYPE_CHECKING:
     from temper.artifacts.bundle import ServingConfig
 
 MAX_BODY_MB = 2047  # gRPC's message limit is a C int (2 GiB less a byte); a REST body that size is a typo too
-PULL_AGAIN = "pull it again with `temper pull`, or rebuild it with `temper run`"
 
 
 @app.command()
@@ -78,7 +78,8 @@ def pull(
 def serve(
     model: Annotated[str, typer.Argument(
         help="serving bundle folder; a run's output folder (its selected model) or OUTPUT/CANDIDATE; "
-             "or models:/NAME@ALIAS or models:/NAME/VERSION", show_default=False)],
+             "models:/NAME@ALIAS or models:/NAME/VERSION; or a model repository (what export-triton writes: "
+             "MODEL/VERSION/ bundle folders, the highest version of each served)", show_default=False)],
     host: Annotated[str, typer.Option(
         "--host", help="address to bind; 0.0.0.0 exposes the server beyond this machine")] = "127.0.0.1",
     port: Annotated[int, number("--port", "TCP port; 0: one the system picks", 0, 65535)] = 8000,
@@ -99,15 +100,28 @@ def serve(
                        "in one is restarted and fails only the batch it ran; 0: in the server's own process; "
                        "default: usable cores over the model's intra-op threads (1 on a GPU), 0 for a model that runs "
                        "inline (faster than the hand-off to a worker)", 0, 64)] = None,
+    control: Annotated[str, typer.Option(
+        "--model-control-mode", help="none: every model of a repository is loaded at start and load/unload are "
+                                     "refused; explicit: only the --load-model ones, the others through the "
+                                     "repository load API (Triton's modes)")] = "none",
+    load_model: Annotated[list[str] | None, typer.Option(
+        "--load-model", help="a model to load at start with --model-control-mode explicit; repeatable; '*': all",
+        show_default=False)] = None,
+    strict_readiness: Annotated[bool, typer.Option(
+        "--strict-readiness/--no-strict-readiness",
+        help="/v2/health/ready answers 200 only once every model asked for is loaded and warmed up; off: once the "
+             "server is up")] = True,
     tracking_uri: TrackingOpt = None,
 ) -> None:
-    """Serve a bundle over the Open Inference Protocol (KServe v2 REST, and gRPC with --grpc-port): dynamic batching,
-    Prometheus /metrics."""
+    """Serve a bundle, or a model repository of several, over the Open Inference Protocol (KServe v2 REST, and gRPC
+    with --grpc-port): dynamic batching, model load and unload, Prometheus /metrics."""
     from temper.artifacts.client_shm import ClientRegions
-    from temper.artifacts.runtime import Runtime
-    from temper.artifacts.server import bind, body_limit
+    from temper.artifacts.http_limits import MIN_BODY_BYTES, body_limit
+    from temper.artifacts.server import bind
     from temper.artifacts.server import serve as run_server
+    from temper.pipeline.cli.serving import checked_control, loaded_models
 
+    checked_control(model, control, load_model or [])
     if grpc_port is not None:  # before any loading: missing packages are known now
         if grpc_port == port:
             raise RecipeError(model, "--grpc-port", f"must differ from --port {port}")
@@ -129,49 +143,30 @@ def serve(
             sock.close()
             raise EnvironmentProblem(f"--grpc-port: cannot listen on {host}:{grpc_port}: {exc.strerror or exc}") \
                 from None
-    with sock, _located(model, tracking_uri) as (folder, config, unchecked):
-        _routable(folder, config)
-        try:
-            runtime = Runtime(folder, config=config, instances=instances)
-        except Exception as exc:  # an invalid runtime.json, a model onnxruntime cannot load
-            raise RecipeError(model, "MODEL", f"cannot load the bundle: {first_line(exc)}; {PULL_AGAIN}") from exc
-        for warning in (unchecked, runtime.host_warning, runtime.drift_warning):
-            _warn(warning)  # the root logger is at ERROR without --debug: the log line alone goes unseen
-        name = runtime.config.name
-        max_body = int(max_body_mb * 1024 * 1024) if max_body_mb is not None else body_limit(runtime.config)
-        out.print(f"serving {name} ({runtime.engine}) at http://{host}:{sock.getsockname()[1]}/v2/models/{name} "
-                  "once warm (GET /v2/health/ready answers 200); Ctrl-C stops", soft_wrap=True)
+    with sock, loaded_models(model, tracking_uri, control, load_model or [], strict_readiness, instances,
+                             _located, _warn) as (models, what):
+        max_body = int(max_body_mb * 1024 * 1024) if max_body_mb is not None else max(
+            [body_limit(c) for c in models.configs()], default=MIN_BODY_BYTES)
+        names = models.catalog.names()
+        route = names[0] if len(names) == 1 else "NAME"
+        out.print(f"serving {what} at http://{host}:{sock.getsockname()[1]}/v2/models/{route} once warm "
+                  "(GET /v2/health/ready answers 200); Ctrl-C stops", soft_wrap=True)
         grpc_server = None
         regions = ClientRegions(allow_client_shm)  # one namespace for REST and gRPC, as in Triton
-        if grpc_port is not None:  # shares the runtime: ModelInfer answers UNAVAILABLE until the warm-up is done
-            grpc_server = GrpcServer(runtime, host, grpc_port, max_body, regions)
+        if grpc_port is not None:  # shares the models: ModelInfer answers UNAVAILABLE until the warm-up is done
+            grpc_server = GrpcServer(models, host, grpc_port, max_body, regions)
             try:
                 grpc_server.start()
             except OSError as exc:
                 raise EnvironmentProblem(f"--grpc-port: {exc}") from None
-            out.print(f"serving {name} over gRPC (KServe v2 GRPCInferenceService) at {host}:{grpc_port}",
+            out.print(f"serving {what} over gRPC (KServe v2 GRPCInferenceService) at {host}:{grpc_port}",
                       soft_wrap=True)
         try:
-            run_server(runtime, sock, max_body, max_connections, regions)
+            run_server(models, sock, max_body, max_connections, regions)
         finally:
             if grpc_server is not None:
                 grpc_server.stop()
             regions.close()  # every region a client left registered
-
-
-def _routable(folder: Path, config: ServingConfig | None) -> None:
-    """Refuse, before loading, a model whose name no REST route can reach."""
-    from temper.artifacts.bundle import CONFIG, read
-    from temper.artifacts.protocol import unroutable
-
-    try:
-        name = (config or read(folder)).name
-    except (OSError, ValueError):
-        return  # an unreadable runtime.json: loading it says what is wrong
-    why = unroutable(name)
-    if why is not None:
-        raise RecipeError(str(folder / CONFIG), "name", f"the model name {why}; /v2/models/NAME/... could never "
-                                                        "reach it: rename it in the recipe and rebuild")
 
 
 @app.command("export-triton")
@@ -190,6 +185,9 @@ def export_triton(
     manifests: Annotated[Path | None, typer.Option(
         "--manifests", help="folder for the Kubernetes and KServe manifests, one subfolder per model "
                             "(default: DEST-kubernetes, beside DEST)", show_default=False)] = None,
+    version: Annotated[int | None, number(
+        "--version", "the version folder to write (beside those already there); default: the registry version of "
+                     "a models:/ model or a pulled bundle, else 1", 1, 2**63 - 1)] = None,
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Write a Triton model repository (config.pbtxt with dynamic batching and warm-up) for a model, and the
@@ -203,11 +201,13 @@ def export_triton(
     except BadSetting as exc:
         raise RecipeError(model, f"--{exc.field.replace('_', '-')}", str(exc)) from None
     beside = manifests or _beside(dest)
-    with _located(model, tracking_uri) as (folder, config, unchecked):
+    with _located(model, tracking_uri) as (folder, config, unchecked, served):
         try:  # not a bundle, a bad --kind, a foreign folder in the way: refused before either folder is written
+            given = config
             config = config or read(folder)
             writable(beside, config.name)
-            written = export_repository(folder, dest, instances=instances, kind=kind, config=config)
+            written = export_repository(folder, dest, instances=instances, kind=kind, config=given,
+                                        version=str(version or served))
             cluster_folder = write_manifests(beside, config.name, cluster)
         except Exception as exc:
             raise RecipeError(model, "MODEL", first_line(exc)) from exc
@@ -278,15 +278,17 @@ def _checked(folder: Path, shown_as: str, remedy: str) -> str | None:
 
 
 @contextmanager
-def _located(model: str, tracking: str | None) -> Iterator[tuple[Path, ServingConfig | None, str | None]]:
+def _located(model: str, tracking: str | None) -> Iterator[tuple[Path, ServingConfig | None, str | None, str]]:
     """What `temper serve MODEL` serves and `temper export-triton MODEL` exports: (model folder, its ServingConfig
-    or None to read runtime.json, why its model is unchecked or None)."""
+    or None to read runtime.json, why its model is unchecked or None, the version it is: the registry's for a
+    models:/ URI or a bundle `temper pull` wrote, else 1)."""
     from temper.artifacts.integrity import Mismatch
+    from temper.artifacts.repository import DEFAULT_VERSION, registry_version
     from temper.pipeline.outputs import servable
 
     if model.startswith("models:/"):
-        with _fetched(model, tracking, "MODEL") as (folder, *_, unchecked):
-            yield folder, None, unchecked
+        with _fetched(model, tracking, "MODEL") as (folder, _, version, _, unchecked):
+            yield folder, None, unchecked, version
         return
     try:
         folder, config = servable(Path(model))
@@ -294,4 +296,5 @@ def _located(model: str, tracking: str | None) -> Iterator[tuple[Path, ServingCo
         raise RecipeError(str(exc.file), "", str(exc)) from None
     except ValueError as exc:
         raise RecipeError(model, "MODEL", str(exc)) from None
-    yield folder, config, _checked(folder, model.rstrip("/"), PULL_AGAIN) if config is None else None
+    version = (registry_version(folder) if config is None else None) or DEFAULT_VERSION
+    yield folder, config, _checked(folder, model.rstrip("/"), PULL_AGAIN) if config is None else None, version

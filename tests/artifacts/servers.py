@@ -190,10 +190,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve_process(target: str, port: int, env: dict | None = None, prelude: str = "") -> subprocess.Popen:
-    """`temper serve TARGET --port PORT` in a new process; `prelude` is Python run first in it."""
+def _serve_process(target: str, port: int, env: dict | None = None, prelude: str = "",
+                   args: tuple[str, ...] = ()) -> subprocess.Popen:
+    """`temper serve TARGET --port PORT [ARGS]` in a new process; `prelude` is Python run first in it."""
     code = prelude + "import sys; from temper.pipeline.cli import main; sys.argv[0] = 'temper'; main()"
-    return subprocess.Popen([sys.executable, "-c", code, "serve", target, "--port", str(port)], cwd=REPO,
+    return subprocess.Popen([sys.executable, "-c", code, "serve", target, "--port", str(port), *args], cwd=REPO,
                             env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
@@ -215,10 +216,11 @@ def _wait_ready(process: subprocess.Popen, port: int) -> None:
 
 
 @contextlib.contextmanager
-def _temper_serve(target: str, env: dict | None = None, prelude: str = "") -> Iterator[tuple[int, dict[str, str]]]:
-    """`temper serve TARGET` in a new process, ready: its port, and its output once stopped with Ctrl-C."""
+def _temper_serve(target: str, env: dict | None = None, prelude: str = "",
+                  args: tuple[str, ...] = ()) -> Iterator[tuple[int, dict[str, str]]]:
+    """`temper serve TARGET [ARGS]` in a new process, ready: its port, and its output once stopped with Ctrl-C."""
     port = _free_port()
-    process = _serve_process(target, port, env, prelude)
+    process = _serve_process(target, port, env, prelude, args)
     output: dict[str, str] = {}
     try:
         _wait_ready(process, port)

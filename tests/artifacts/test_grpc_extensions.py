@@ -1,6 +1,6 @@
 """The gRPC side of Triton's extensions, which perf_analyzer and tritonclient read before they send a
 request: ModelConfig and ModelStatistics (the same documents as REST's /config and /stats), the
-repository RPCs for a repository of one model, and NaN bit patterns in raw inputs reaching the model."""
+repository RPCs of a server of one bundle, and NaN bit patterns in raw inputs reaching the model."""
 
 from __future__ import annotations
 
@@ -51,15 +51,15 @@ def test_model_statistics_count_what_was_served(served: GrpcServed, client: trit
 
 
 def test_the_repository_is_the_one_model(client: tritongrpc.InferenceServerClient) -> None:
+    """A server of one bundle is in model control mode none: load and unload answer UNAVAILABLE, as Triton's do
+    (it answered OK for the served model and NOT_FOUND for others before repositories were served)."""
     index = client.get_model_repository_index(as_json=True)["models"]
     assert index == [{"name": MODEL, "version": "1", "state": "READY"}]
-    client.load_model(MODEL)  # loaded already: nothing to do, as Triton answers
-    with pytest.raises(InferenceServerException) as refused:
-        client.load_model("other")
-    assert refused.value.status() == "StatusCode.NOT_FOUND" and f"serves '{MODEL}' only" in refused.value.message()
-    with pytest.raises(InferenceServerException) as refused:
-        client.unload_model(MODEL)
-    assert "stop `temper serve`" in refused.value.message()
+    for action, name in ((client.load_model, MODEL), (client.load_model, "other"), (client.unload_model, MODEL)):
+        with pytest.raises(InferenceServerException) as refused:
+            action(name)
+        assert refused.value.status() == "StatusCode.UNAVAILABLE"
+        assert "--model-control-mode explicit" in refused.value.message()
     assert client.is_model_ready(MODEL)
 
 

@@ -41,7 +41,8 @@ def test_health_and_metadata(client: tritongrpc.InferenceServerClient) -> None:
     assert client.is_model_ready(MODEL) and client.is_model_ready(MODEL, "1")
     assert client.get_server_metadata(as_json=True) == {  # as REST's /v2 says, and Triton's extension names
         "name": "temper", "version": "1",
-        "extensions": ["binary_tensor_data", "model_configuration", "statistics", "system_shared_memory"]}
+        "extensions": ["binary_tensor_data", "model_configuration", "model_repository", "statistics",
+                       "system_shared_memory"]}
     assert client.get_model_metadata(MODEL, as_json=True) == {
         "name": MODEL, "versions": ["1"], "platform": "onnxruntime_onnx",
         "inputs": [{"name": "x", "datatype": "FP32", "shape": ["-1", "4"]},

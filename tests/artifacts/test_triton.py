@@ -177,7 +177,8 @@ def test_repository_layout_copies_the_bundle_model_byte_for_byte(tmp_path: Path)
     folder = export_repository(bundle, tmp_path / "repo")
 
     assert sorted(str(p.relative_to(tmp_path / "repo")) for p in (tmp_path / "repo").rglob("*")) == [
-        "digits", "digits/.temper-output", "digits/1", "digits/1/model.onnx", "digits/config.pbtxt",
+        "digits", "digits/.temper-output", "digits/1", "digits/1/model.onnx", "digits/1/runtime.json",
+        "digits/config.pbtxt",
     ]
     assert (folder / "1" / "model.onnx").read_bytes() == (bundle / "model.onnx").read_bytes()
 
@@ -187,7 +188,7 @@ def test_external_data_travels_with_the_model(tmp_path: Path) -> None:
     bundle = make_bundle(tmp_path, model, "digits")
     folder = export_repository(bundle, tmp_path / "repo")
 
-    assert sorted(p.name for p in (folder / "1").iterdir()) == ["model.onnx", "model.onnx.data"]
+    assert sorted(p.name for p in (folder / "1").iterdir()) == ["model.onnx", "model.onnx.data", "runtime.json"]
     assert (folder / "1" / "model.onnx.data").read_bytes() == (bundle / "model.onnx.data").read_bytes()
     x = np.ones((2, 4), dtype=np.float32)
     session = ort.InferenceSession(str(folder / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -249,7 +250,7 @@ def test_a_tensorrt_plan_is_served_instead_of_the_onnx_model(tmp_path: Path) -> 
     folder = export_repository(bundle, tmp_path / "repo")
 
     assert parse(folder).platform == "tensorrt_plan"
-    assert sorted(p.name for p in (folder / "1").iterdir()) == ["model.plan"]
+    assert sorted(p.name for p in (folder / "1").iterdir()) == ["model.plan", "runtime.json"]
     assert (folder / "1" / "model.plan").read_bytes() == b"engine bytes"
     with pytest.raises(ValueError, match="GPU"):
         export_repository(bundle, tmp_path / "repo", kind="KIND_CPU")

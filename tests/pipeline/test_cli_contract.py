@@ -157,7 +157,8 @@ def test_export_triton_replaces_only_a_model_folder_it_wrote(tmp_path: Path) -> 
     for _ in range(2):  # an empty folder, then its own export: both replaced
         result = temper("export-triton", bundle, "--dest", repo)
         assert result.returncode == 0, result.stderr
-    assert sorted(files(repo)) == ["tiny/.temper-output", "tiny/1/model.onnx", "tiny/config.pbtxt"]
+    assert sorted(files(repo)) == ["tiny/.temper-output", "tiny/1/model.onnx", "tiny/1/runtime.json",
+                                   "tiny/config.pbtxt"]
 
 
 # -- 2. usage errors --------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ BAD_NUMBERS = [
     ("serve", ["BUNDLE"], "--instances", "65"),  # past the 64 worker processes serve starts at most
     ("export-triton", ["BUNDLE", "--dest", "REPO"], "--instances", str(2**31)),  # past Triton's int32 count
     ("export-triton", ["BUNDLE", "--dest", "REPO"], "--instances", "0"),
+    ("export-triton", ["BUNDLE", "--dest", "REPO"], "--version", "0"),  # Triton ignores a version folder 0
     ("sensitivity", ["RECIPE", "--candidate", "fp16"], "--top", "0"),
     ("sensitivity", ["RECIPE", "--candidate", "fp16"], "--samples", "0"),
 ]

@@ -75,9 +75,20 @@ def test_temper_serve_a_registered_model(temper, tiny: Path, reference: ort.Infe
     experiment = client.create_experiment("serve-test", artifact_location=(tmp_path / "artifacts").as_uri())
     with mlflow.start_run(experiment_id=experiment):
         info = log_bundle(tiny, name="model")
-    version = mlflow.register_model(info.model_uri, MODEL)
+    mlflow.register_model(info.model_uri, MODEL)
+    version = mlflow.register_model(info.model_uri, MODEL)  # version 2: the served version is the registry's
+    assert str(version.version) == "2"
     client.set_registered_model_alias(MODEL, "champion", version.version)
-    _serve_and_infer(f"models:/{MODEL}@champion", reference, {"MLFLOW_TRACKING_URI": tracking_store})
+    with _temper_serve(f"models:/{MODEL}@champion", {"MLFLOW_TRACKING_URI": tracking_store}) as (port, _):
+        _infer_checked(port, reference)
+        c = Client(port)
+        try:
+            status, _, body = c.call("GET", f"/v2/models/{MODEL}")
+            assert status == 200 and json.loads(body)["versions"] == ["2"], body
+            assert c.call("GET", f"/v2/models/{MODEL}/versions/2/ready")[0] == 200
+            assert c.call("GET", f"/v2/models/{MODEL}/versions/1/ready")[0] == 404
+        finally:
+            c.close()
     result = temper("serve", f"models:/{MODEL}@no-such-alias")
     lines = result.stderr.strip().splitlines()
     assert (result.code == 2 and len(lines) == 1

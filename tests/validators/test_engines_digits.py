@@ -1,4 +1,5 @@
-"""The digits recipe on two engines, ONNX Runtime's CPU and OpenVINO: every model is a pair on each, gated on
+"""The digits recipe on two engines, ONNX Runtime's CPU and OpenVINO (and openvino-bf16 on a CPU with native BF16):
+every model is a pair on each, gated on
 its own engine's outputs and speed against the baseline on the first engine, and selection picks a pair
 whose engine, precision (read back from OpenVINO's compiled model) and settings report.json records."""
 
@@ -15,10 +16,14 @@ from tests.unit.reports import read_report
 
 pytest.importorskip("openvino", reason="the openvino engine needs openvino (the openvino extra, in dev)")
 
+# On a CPU with native BF16 the run also measures openvino-bf16: its pairs are gated on their own BF16 outputs.
+NATIVE_BF16 = any(f in profile().features for f in BF16_FLAGS)
+
 
 @pytest.mark.slow
 def test_pairs_on_cpu_and_openvino_are_gated_and_one_is_selected(temper, gated_digits, tmp_path):
-    edit_recipe(gated_digits, lambda d: (d["validate"]["throughput"].update(providers=["cpu", "openvino"]),
+    engines = ["openvino", *(["openvino-bf16"] if NATIVE_BF16 else [])]
+    edit_recipe(gated_digits, lambda d: (d["validate"]["throughput"].update(providers=["cpu", *engines]),
                                          d.pop("publish")))
     out = tmp_path / "out"
     result = temper("run", gated_digits, "--output", out)
@@ -26,7 +31,7 @@ def test_pairs_on_cpu_and_openvino_are_gated_and_one_is_selected(temper, gated_d
     report = read_report(out)
     assert report["schema_version"] == 4 and report["baseline"]["engine"] == "cpu"
     models = ["fp16", "int8-static", "int8-dynamic"]
-    expected = models + [f"{m}@openvino" for m in ["baseline", *models]]
+    expected = models + [f"{m}@{engine}" for engine in engines for m in ["baseline", *models]]
     assert list(report["candidates"]) == expected
     for key, pair in report["candidates"].items():
         model, _, engine = key.partition("@")
@@ -40,6 +45,11 @@ def test_pairs_on_cpu_and_openvino_are_gated_and_one_is_selected(temper, gated_d
             assert all(m["session"]["inference_precision"] == "f32" and m["session"]["num_streams"] == 1
                        for m in pair["throughput"])
             assert pair["fidelity"][0]["cosine"] > 0.999 or model != "baseline"
+        elif pair["engine"] == "openvino-bf16":  # BF16 compute: recorded and gated as BF16, on its own outputs
+            assert pair["engine_precision"] == "bf16"
+            assert all(m["session"]["inference_precision"] == "bf16" for m in pair["throughput"])
+            assert model != "baseline" or 0.99 < pair["fidelity"][0]["cosine"] < report["candidates"][
+                "baseline@openvino"]["fidelity"][0]["cosine"]  # BF16 moves the outputs more than FP32 does
         else:
             assert pair["engine_precision"] is None and "intra_op_threads" in pair["throughput"][0]["session"]
     # selection: the fastest passing pair whose interval at batch 32 lies above 1.0 (over baseline on cpu)

@@ -1,7 +1,7 @@
-"""The digits recipe on two engines, ONNX Runtime's CPU and OpenVINO (and openvino-bf16 on a CPU with native BF16):
-every model is a pair on each, gated on
-its own engine's outputs and speed against the baseline on the first engine, and selection picks a pair
-whose engine, precision (read back from OpenVINO's compiled model) and settings report.json records."""
+"""The digits recipe on two engines, ONNX Runtime's CPU and OpenVINO (and openvino-bf16 on a CPU with native
+BF16): every model is a pair on each, gated on its own engine's outputs and speed against the baseline on the
+first engine, and selection picks a pair whose engine, precision (read back from OpenVINO's compiled model)
+and settings report.json records."""
 
 from __future__ import annotations
 

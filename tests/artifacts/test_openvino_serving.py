@@ -183,6 +183,23 @@ def test_the_pyfunc_model_of_an_openvino_pick_requires_openvino():
     assert f"openvino=={openvino.__version__.split('-')[0]}" in picked and set(plain) < set(picked)
 
 
+@pytest.mark.skipif(not NATIVE_BF16, reason="premise: a CPU with native BF16 (avx512_bf16 or amx_bf16); "
+                                             "this one has neither, so a BF16 bundle refuses to serve (next test)")
+def test_a_bf16_bundle_serves_in_bf16_on_a_cpu_with_native_bf16(tmp_path: Path, started):
+    """The runtime compiles it in BF16, says so read back, and answers what OpenVINO's BF16 computes: close to
+    FP32, not equal to it."""
+    folder = _openvino_bundle(tmp_path / "bf16", "openvino-bf16", GATED.model_copy(update={"inference_precision":
+                                                                                          "bf16"}))
+    runtime = started(Runtime(folder))
+    assert runtime.engine == "openvino-bf16" and runtime.engine_settings.inference_precision == "bf16"
+    inputs = _inputs(11, rows=4)
+    served = runtime.infer(inputs)["y"]
+    np.testing.assert_array_equal(served, open_engine(folder / bundle.MODEL, "bf16", 1).run(["y"], inputs)[0])
+    fp32 = open_engine(folder / bundle.MODEL, "f32", 1).run(["y"], inputs)[0]
+    np.testing.assert_allclose(served, fp32, rtol=0.05, atol=0.05)
+    assert not np.array_equal(served, fp32)
+
+
 @pytest.mark.skipif(NATIVE_BF16,
                     reason="premise: a CPU without native BF16 (no avx512_bf16 or amx_bf16); "
                            "this one has it, so a BF16 bundle serves here")

@@ -325,13 +325,16 @@ def kill_worker(server_pid: int, port: int, kill: Kill, began: float, halt: thre
         log("=== --kill-worker-at: the server has no worker processes (--instances 0?); nothing killed")
         return
     kill.instances, kill.pid = len(found), found[0].pid
+    before = {w.pid for w in found}
     log(f"=== SIGKILL worker pid {kill.pid} ({kill.instances} instances) at {time.monotonic() - began:.1f} s")
     killed = time.monotonic()
     os.kill(kill.pid, signal.SIGKILL)
-    time.sleep(0.05)  # the supervisor sees the death before the first poll
+    # Recovered: the replacement worker exists (a PID not among the workers before: until then the pool may
+    # not have seen the death, and the gauge may still read the dead instance as ready) and every instance
+    # reports ready, which a replacement does only once it has loaded the model and warmed up.
     while not halt.is_set():
-        ready = ready_instances(port)
-        if ready >= kill.instances and all(w.pid != kill.pid for w in workers(server_pid)):
+        replaced = any(w.pid not in before for w in workers(server_pid))
+        if replaced and ready_instances(port) >= kill.instances:
             kill.recovered_s = time.monotonic() - killed
             return
         time.sleep(0.05)

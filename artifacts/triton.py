@@ -81,7 +81,8 @@ class _Enum(str):
 
 
 def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = "KIND_AUTO",
-                      config: ServingConfig | None = None, version: str = VERSION) -> Path:
+                      config: ServingConfig | None = None, version: str = VERSION,
+                      evidence: Path | None = None) -> Path:
     """Write a Triton model repository: dest/<config.name>/config.pbtxt and dest/<name>/<version>/ holding
     model.onnx (plus external data if any) and the bundle's own files, runtime.json, manifest.json and
     report.json, so that each version folder is a temper bundle `temper serve` serves too (Triton's
@@ -92,7 +93,10 @@ def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = 
     is there (Triton has one config per model and serves the highest version).
 
     `bundle` is a serving bundle (its runtime.json is the config), or, with `config`, any folder
-    holding model.onnx: a model of a run's output folder, with the options publishing would give it."""
+    holding model.onnx: a model of a run's output folder, with the options publishing would give it; then
+    `evidence`, that run's output folder when the model is the one its report.json selected, lends the
+    version folder its manifest.json and report.json, so that serving the repository checks the model's sha256
+    as serving a published bundle does (another candidate has no report naming it, and stays unchecked)."""
     given = config
     config = config or read(bundle)
     if kind not in KINDS:
@@ -112,6 +116,7 @@ def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = 
 
     files = [bundle / PLAN] if plan else [bundle / MODEL, *_external_data(bundle)]
     files += [bundle / f for f in BUNDLE_FILES if (bundle / f).is_file() and (given is None or f != BUNDLE_CONFIG)]
+    vouching = [evidence / f for f in (MANIFEST, REPORT)] if evidence is not None else []
     if not plan and config.engine is not None and is_openvino(config.engine):
         if kind == "KIND_GPU":
             raise ValueError(f"{bundle} was selected on {config.engine}, OpenVINO's CPU engine; use KIND_CPU or "
@@ -129,6 +134,8 @@ def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = 
             target = staging / version / file.relative_to(bundle)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(file, target)
+        for file in vouching:
+            shutil.copy2(file, staging / version / file.name)
         if given is not None:  # a run's model: runtime.json is the config publishing would give it
             (staging / version / BUNDLE_CONFIG).write_text(given.model_dump_json(indent=2) + "\n")
         (staging / CONFIG).write_text(text)

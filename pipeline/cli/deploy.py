@@ -6,6 +6,7 @@ input (exit 2), a store that does not answer is the environment (exit 3).
 
 from __future__ import annotations
 
+import json
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -207,7 +208,7 @@ def export_triton(
             config = config or read(folder)
             writable(beside, config.name)
             written = export_repository(folder, dest, instances=instances, kind=kind, config=given,
-                                        version=str(version or served))
+                                        version=str(version or served), evidence=_vouching_output(folder, given))
             cluster_folder = write_manifests(beside, config.name, cluster)
         except Exception as exc:
             raise RecipeError(model, "MODEL", first_line(exc)) from exc
@@ -275,6 +276,21 @@ def _checked(folder: Path, shown_as: str, remedy: str) -> str | None:
     except Mismatch as exc:
         raise RecipeError(f"{shown_as}/{exc.file.relative_to(folder)}", "", str(exc)) from None
     return unchecked.replace(str(folder), shown_as) if unchecked else None
+
+
+def _vouching_output(folder: Path, given: object) -> Path | None:
+    """The run's output folder when `folder` is the model its report.json selected (servable checked it against
+    the run's manifest already), so the export can carry both files; None otherwise."""
+    from temper.artifacts.integrity import MANIFEST, REPORT
+
+    output = folder.parent
+    if given is None or not (output / MANIFEST).is_file() or not (output / REPORT).is_file():
+        return None
+    try:
+        selected = json.loads((output / REPORT).read_text()).get("selected")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return output if selected == folder.name else None
 
 
 @contextmanager

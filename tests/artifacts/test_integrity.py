@@ -148,3 +148,25 @@ def test_the_pyfunc_model_warns_when_the_runtime_drifted(tiny: Path, tmp_path: P
     _register(_published(tmp_path, tiny, gated_with=OLD), store)
     with pytest.warns(RuntimeWarning, match=r"this runtime differs .*onnxruntime \S+ \(gated on 1\.20\.1\)"):
         mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
+
+
+def test_a_run_s_selected_model_exported_to_a_repository_stays_checkable(temper, tiny: Path, tmp_path: Path) -> None:
+    """export-triton OUTPUT carries the run's manifest and report into the version folder, so serving the
+    repository checks the model's sha256 (a file swapped there is refused); another candidate of the run has
+    no report naming it: exported without them, and served with the unchecked warning."""
+    from temper.artifacts.integrity import check_bundle
+
+    output = _run_output(tmp_path / "run", tiny, "int8", None)
+    assert temper("export-triton", output, "--dest", tmp_path / "repo").code == 0
+    (version,) = [p for p in (tmp_path / "repo").glob("*/1")]
+    assert (version / "manifest.json").read_bytes() == (output / "manifest.json").read_bytes()
+    assert (version / "report.json").read_bytes() == (output / "report.json").read_bytes()
+    assert check_bundle(version, "export it again") is None  # checked, and it matches
+    shutil.copy2(output / "baseline" / bundle.MODEL, version / bundle.MODEL)
+    with pytest.raises(Mismatch, match="is not the int8 model manifest.json records"):
+        check_bundle(version, "export it again")
+
+    assert temper("export-triton", output / "baseline", "--dest", tmp_path / "other").code == 0
+    (other,) = [p for p in (tmp_path / "other").glob("*/1")]
+    assert not (other / "manifest.json").exists() and not (other / "report.json").exists()
+    assert "cannot be checked" in (check_bundle(other, "export it again") or "")

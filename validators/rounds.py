@@ -18,7 +18,8 @@ import numpy as np
 
 from temper.artifacts.host import Load, LoadMeter
 from temper.artifacts.layout import Layout
-from temper.validators.throughput import Measurement, Session, measure
+from temper.artifacts.onnx_io import load_structure
+from temper.validators.throughput import Measurement, Session, batch_of, measure
 
 ROUNDS = 5  # rounds every model gets; more only while a comparison is undecided
 SLICE_WARMUP_S = 0.05  # later slices reuse a warm session: a few calls re-fill the caches
@@ -66,13 +67,15 @@ def interleave(bench: Bench, sessions: dict[str, Session], paths: dict[str, tupl
     ran. `more(bench, next_round, names)` hears each extra round before it runs."""
     meter = LoadMeter()
     active = list(sessions)
+    graphs = {path: load_structure(path) for path, _ in paths.values()}  # read once, not once a slice
+    feeds = {name: batch_of(graphs[paths[name][0]], sample, bench.batch_size, layout) for name in sessions}
     for round_ in range(timing.most_rounds):
         shift = round_ % len(active)
         for name in active[shift:] + active[:shift]:
             warmup = timing.warmup_s if round_ == 0 else min(timing.warmup_s, SLICE_WARMUP_S)
             path, engine = paths[name]
             bench.slices[name][round_] = measure(path, sample, bench.batch_size, engine, timing.slice_s, warmup,
-                                                 session=sessions[name], layout=layout)
+                                                 session=sessions[name], layout=layout, feed=feeds[name])
         if round_ + 1 < ROUNDS:
             continue
         still = [name for name in active if name != bench.reference and undecided(bench, name)]

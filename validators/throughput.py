@@ -269,9 +269,12 @@ def random_inputs(model: onnx.ModelProto, rows: int, sizes: dict[str, int],
 
 def measure(
     path: Path, sample: dict[str, np.ndarray], batch_size: int, provider: str, duration_s: float, warmup_s: float,
-    session: Session | None = None, layout: Layout = AXIS0,
+    session: Session | None = None, layout: Layout = AXIS0, feed: dict[str, np.ndarray] | None = None,
 ) -> Measurement:
     """Warm up for `warmup_s` (at least one call), then time calls until `duration_s` has elapsed.
+
+    `feed`: the batch, when the caller built it already (interleaved slices: reading a model's graph to build
+    it costs 0.16 s a slice for MiniLM's 90 MB of inline weights, more than a slice's timed calls).
 
     `session` lets a caller that measures the same model repeatedly (interleaved slices) create
     it once (the gates and `temper bench` pass tuned_session's); without it, default_settings().
@@ -279,7 +282,7 @@ def measure(
     the timed loop, never inside it: reading it is a syscall the loop would otherwise time. ORT's
     arenas keep what a call allocated, so steady state is what the reads see.
     """
-    feed = batch_of(load_structure(path), sample, batch_size, layout)
+    feed = feed if feed is not None else batch_of(load_structure(path), sample, batch_size, layout)
     session = session or session_for(path, provider)
     call = (session.bound_call(feed) if isinstance(session, OpenVinoSession)
             else _bound_call(session, feed, "cuda" if PROVIDERS[cast(Provider, provider)].gpu else "cpu"))

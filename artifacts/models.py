@@ -22,6 +22,7 @@ saw). Loads running at the same time, or memory freed by an earlier unload and r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -69,10 +70,8 @@ class Loaded:
             return self.load_growth, LOAD_GROWTH
         total = 0
         for instance in pool.instances:
-            try:
+            with contextlib.suppress(psutil.Error):  # restarting: not counted until it runs again
                 total += psutil.Process(instance.pid).memory_info().rss if instance.pid else 0
-            except psutil.Error:  # restarting: not counted until it runs again
-                pass
         return total, WORKERS_RSS
 
 

@@ -32,10 +32,8 @@ import argparse
 import datetime
 import os
 import platform
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -45,7 +43,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.recipes import NO_REPORT, _temper, _terminate  # noqa: E402
+from benchmarks.recipes import NO_REPORT, _temper, private_base  # noqa: E402
 from temper.artifacts.host import HostProfile, profile  # noqa: E402
 from temper.artifacts.providers import BF16_FLAGS, PROVIDERS  # noqa: E402
 from temper.validators import report_model  # noqa: E402
@@ -162,11 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no `temper` command next to this Python or on PATH", file=sys.stderr)
         return 3
 
-    base = (args.out_base or Path(tempfile.mkdtemp(prefix="temper-engines-"))).resolve()
-    base.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "TEMPER_CACHE_DIR": str(base / "cache"), "HF_HUB_OFFLINE": "1",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{base / 'mlflow.db'}"}
-    signal.signal(signal.SIGTERM, _terminate)
+    base, env = private_base(args.out_base, "temper-engines-")
     print(f"outputs and cache: {base}", file=sys.stderr)
 
     host = profile()

@@ -98,6 +98,17 @@ def _temper() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("temper")
 
 
+def private_base(out_base: Path | None, prefix: str) -> tuple[Path, dict[str, str]]:
+    """The benchmark's output folder (a new temporary one by default) and the environment its `temper run`s
+    get: their own step cache and MLflow store in it, offline model hubs; SIGTERM stops the child run too."""
+    base = (out_base or Path(tempfile.mkdtemp(prefix=prefix))).resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TEMPER_CACHE_DIR": str(base / "cache"), "HF_HUB_OFFLINE": "1",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{base / 'mlflow.db'}"}
+    signal.signal(signal.SIGTERM, _terminate)
+    return base, env
+
+
 def _terminate(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 

@@ -11,6 +11,7 @@ import pytest
 
 from temper.artifacts import bundle
 from temper.artifacts.runtime import Runtime
+from tests.artifacts.repositories import make_repository, references
 from tests.artifacts.servers import MODEL, Client, Served, _bundle, _tiny_model
 
 
@@ -23,6 +24,17 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reference(tiny: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(tiny / bundle.MODEL), providers=["CPUExecutionProvider"])
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model repository of two bundles as `temper export-triton` writes it (tests/artifacts/repositories.py)."""
+    return make_repository(tmp_path_factory.mktemp("repository"))
+
+
+@pytest.fixture(scope="module")
+def refs(repo: Path) -> dict[str, ort.InferenceSession]:
+    return references(repo)
 
 
 @pytest.fixture(scope="module")

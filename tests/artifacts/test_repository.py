@@ -16,18 +16,8 @@ import pytest
 from temper.artifacts.bundle import read
 from temper.artifacts.integrity import check_bundle
 from temper.artifacts.repository import ModelRepository
-from tests.artifacts.repositories import OTHER, Gate, make_repository, models, outputs, references
+from tests.artifacts.repositories import OTHER, Gate, models, outputs
 from tests.artifacts.servers import MODEL, Client, Served, _expected, _families, _inputs, _json_request
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_repository(tmp_path_factory.mktemp("repository"))
-
-
-@pytest.fixture(scope="module")
-def refs(repo: Path) -> dict[str, ort.InferenceSession]:
-    return references(repo)
 
 
 def _post(client: Client, path: str, body: dict | None = None) -> tuple[int, object]:

@@ -11,14 +11,9 @@ import onnxruntime as ort
 import pytest
 
 from temper.artifacts.folders import mark
-from tests.artifacts.repositories import OTHER, make_repository, references
+from tests.artifacts.repositories import OTHER, references
 from tests.artifacts.servers import MODEL, Client, _bundle, _free_port, _temper_serve, _tiny_model
 from tests.artifacts.test_server_cli import _infer_checked
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_repository(tmp_path_factory.mktemp("repository"))
 
 
 @pytest.mark.parametrize(("args", "flag", "says"), [

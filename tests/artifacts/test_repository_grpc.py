@@ -17,18 +17,8 @@ from tritonclient.utils import InferenceServerException  # noqa: E402 - after th
 from temper.artifacts.grpc_server import GrpcServer  # noqa: E402
 from temper.artifacts.models import Models  # noqa: E402
 from tests.artifacts.grpc_servers import _triton_inputs  # noqa: E402
-from tests.artifacts.repositories import OTHER, make_repository, models, references  # noqa: E402
+from tests.artifacts.repositories import OTHER, models  # noqa: E402
 from tests.artifacts.servers import MODEL, _expected, _inputs  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_repository(tmp_path_factory.mktemp("repository"))
-
-
-@pytest.fixture(scope="module")
-def refs(repo: Path) -> dict[str, ort.InferenceSession]:
-    return references(repo)
 
 
 @contextlib.contextmanager

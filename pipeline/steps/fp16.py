@@ -69,7 +69,8 @@ def _keep_fp32_between_blocked(graph: onnx.GraphProto) -> None:
 
 def _non_finite(path: Path, weights: Path, names: list[str], feed: Batch) -> dict[str, np.ndarray]:
     """Flat NaN/Inf masks of the named tensors that have any, read a bounded chunk at a time
-    (tensor_probe): all of them as outputs of one run held MiniLM's every activation (4.9 GiB).
+    (tensor_probe's walk, each node run once): all of them as outputs of one run held MiniLM's every
+    activation (4.9 GiB).
 
     `path` is a shape-inferred model whose external data lives in `weights`.
     """
@@ -78,10 +79,10 @@ def _non_finite(path: Path, weights: Path, names: list[str], feed: Batch) -> dic
     names = [n for n in dict.fromkeys(names) if n in infos]  # untyped by shape inference: nothing to compare
     types = {n: Saved(infos[n].type.tensor_type.elem_type, dims_of(infos[n])) for n in names}
     named = named_dims(path, [feed])
-    probe = Probe(path, types, weights)
+    walk = Probe(path, types, weights).walk([feed], set(names))
     found = {}
     for chunk in chunks(names, lambda n: types[n].nbytes(named), CHUNK_BYTES):
-        for name, value in next(probe.read(chunk, [feed])).items():
+        for name, value in next(walk.read(chunk)).items():
             if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
                 found[name] = ~np.isfinite(value)
     return found

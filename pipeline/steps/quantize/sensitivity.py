@@ -10,7 +10,8 @@ Memory stays bounded whatever the model and sample count: the tensors are read a
 (tensor_probe: a cut-down model per chunk, about `chunk_bytes` of activations for one run of a few
 rows), every run goes through each chunk and is reduced to signal and noise energy sums at once, in float64
 slices. Reading everything in one run held every activation of a batch (MiniLM: 17.9 GiB).
-The price is one forward pass per chunk and batch, over the part of the graph the chunk needs.
+The chunks walk the graph (tensor_probe.Walk): each node runs once per batch and model, the tensors
+that cross from one chunk's nodes to the next kept in between.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def _measure(float_model: Path, qdq_model: Path, feeds: list[Batch], chunk_bytes
                  float_saved[reference].nbytes(named) if reference else 0]
         return None if None in sizes else sum(s for s in sizes if s is not None)
 
-    qdq_probe, float_probe = Probe(qdq_model, qdq_saved), Probe(float_model, float_saved)
+    qdq_walk = Probe(qdq_model, qdq_saved).walk(feeds, {t for _, pre, post, _ in pairs for t in (pre, post)})
+    float_walk = Probe(float_model, float_saved).walk(feeds, {f for *_, f in pairs if f is not None})
     done, largest = 0, 0
     while done < len(pairs):
         chunk: list[tuple[str, str, str, str | None]] = []
@@ -108,8 +110,8 @@ def _measure(float_model: Path, qdq_model: Path, feeds: list[Batch], chunk_bytes
             chunk.append(pair)
             held += size
         floats = [f for *_, f in chunk if f is not None]
-        qdq_reads = qdq_probe.read([t for _, pre, post, _ in chunk for t in (pre, post)], feeds)
-        float_reads = float_probe.read(floats, feeds) if floats else iter([{}] * len(feeds))
+        qdq_reads = qdq_walk.read([t for _, pre, post, _ in chunk for t in (pre, post)])
+        float_reads = float_walk.read(floats) if floats else iter([{}] * len(feeds))
         for batch, (q, f) in enumerate(zip(qdq_reads, float_reads, strict=True), 1):
             for name, pre, post, reference in chunk:
                 local.add(name, [q[pre]], [q[post]])

@@ -130,15 +130,22 @@ def test_refine_reranks_suspects_by_their_measured_drop(monkeypatch, tmp_path):
     assert kept == ["b", "c"] and record["met"]
 
 
-def test_among_passing_trials_the_fewest_float_nodes_then_the_fastest_win():
-    def trial(nodes: list[str], passed: bool, speed: float | None = None, drop: float = 0.0) -> fallback.Trial:
-        return fallback.Trial("cumulative", nodes, 0.9, drop, 0.99, speed, passed, QUANTIZED - len(nodes))
+def test_among_passing_trials_the_most_quantized_then_the_most_faithful_then_the_fewest_float_nodes_win():
+    def trial(nodes: list[str], passed: bool, speed: float | None = None, drop: float = 0.0, cosine: float = 0.99,
+              quantized: int | None = None) -> fallback.Trial:
+        return fallback.Trial("cumulative", nodes, 0.9, drop, cosine, speed, passed,
+                              QUANTIZED - len(nodes) if quantized is None else quantized)
 
     options = QuantizeOptions.model_validate({"mode": "static", "preset": None, "fallback": {}})
     tuner = fallback._Tuner(None, options, [], DataScorer({}), Path("unused"))  # type: ignore[arg-type]
     tuner.trials = [trial(["a", "b", "c"], True, 90.0), trial(["a", "b"], True, 10.0), trial(["c", "d"], True, 20.0),
                     trial(["e"], False, 99.0), trial(["f", "g"], True, None)]
-    assert tuner.best().float_nodes == ["c", "d"]
+    assert tuner.best().float_nodes == ["c", "d"]  # equally quantized and faithful: the fewest, then the fastest
+    # MiniLM's case: more float nodes that are no compute nodes, the same 42 quantized, a better cosine
+    tuner.trials = [trial(["a"] * 54, True, 50.0, cosine=0.961, quantized=42),
+                    trial(["b"] * 64, True, 40.0, cosine=0.985, quantized=42),
+                    trial(["c"] * 70, True, 30.0, cosine=0.999, quantized=41)]
+    assert tuner.best().cosine == 0.985
     tuner.trials = [trial([], False, drop=0.3), trial(["a"], False, drop=0.1), trial(["a", "b"], False, drop=0.2)]
     assert tuner.best().float_nodes == ["a"]  # none passed: the smallest drop
 

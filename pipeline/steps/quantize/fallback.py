@@ -16,8 +16,12 @@ The floor: a trial that would leave fewer quantized compute nodes (the graph cen
 model back in float; the search stops at the floor and the record says the budget is not reachable in
 INT8. Each trial reports its progress (trial k of n, nodes in float, quantized nodes left, its drop).
 
-The best model found is always the step's output, with `tuning.json` beside it: the one that met
-the budget with the fewest float nodes, else the one with the smallest drop (its gate then fails).
+The best model found is always the step's output, with `tuning.json` beside it: among the trials that
+met the budget, the one with the most quantized compute nodes (where INT8's speed comes from), then the
+most faithful (highest cosine), then the fewest float nodes; else the one with the smallest drop (its
+gate then fails). Fidelity decides between equally quantized trials because a trial's speed is a
+half-second reading: on MiniLM, 54 float nodes at cosine 0.961 and 64 at 0.985 both left 42 compute
+nodes quantized.
 """
 
 from __future__ import annotations
@@ -291,7 +295,7 @@ class _Tuner:
     def best(self) -> Trial:
         passed = [t for t in self.trials if t.passed]
         if passed:
-            return min(passed, key=lambda t: (len(t.float_nodes), -(t.samples_per_s or 0.0)))
+            return min(passed, key=lambda t: (-t.quantized, -t.cosine, len(t.float_nodes), -(t.samples_per_s or 0.0)))
         return min(self.trials, key=lambda t: _sortable(t.drop))
 
 

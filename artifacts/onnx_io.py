@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -87,3 +88,13 @@ def run(path: Path, batch: Batch, layout: Layout = AXIS0) -> list[np.ndarray]:
     """Run one batch on CPU, adapting the batch to fixed input dims."""
     sess = session(path)
     return sess.run(None, fit_batch(load_structure(path), batch, layout))
+
+
+def fingerprint(batches: list[Batch]) -> str:
+    """A digest of batches' names, dtypes, shapes and values: what a cached result computed from them keys on."""
+    digest = hashlib.sha256()
+    for batch in batches:
+        for name in sorted(batch):
+            digest.update(f"{name}:{batch[name].dtype}:{batch[name].shape}".encode())
+            digest.update(np.ascontiguousarray(batch[name]).tobytes())
+    return digest.hexdigest()

@@ -8,9 +8,11 @@ import json
 import os
 import shutil
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import platformdirs
 from filelock import FileLock
 
@@ -139,6 +141,56 @@ class RecordStore:
     def beside(cls, steps: StepCache) -> RecordStore:
         """The store of a step cache: the same root and the same --no-cache."""
         return cls(steps.root / "records", steps.enabled)
+
+
+class OutputStore:
+    """Model outputs over a data set (validators.evaluate.predict), keyed by everything they depend on
+    (model content, data, engine, host, library versions): the baseline's outputs over the evaluation
+    and calibration sets are read by `temper check`, the quantize fallback's scorer and the gates, so a
+    run computed them up to four times, and a `temper check` before it twice more. Lives beside the
+    step folders (`outputs/` under the cache root); with `enabled` False (--no-cache) nothing is read.
+    Outputs over MAX_BYTES are not kept: reading them back would cost about what computing them does."""
+
+    MAX_BYTES = 2**28
+
+    def __init__(self, root: Path, enabled: bool = True) -> None:
+        self.root, self.enabled = Path(root).expanduser().resolve(), enabled
+
+    def _file(self, parts: dict[str, Any]) -> Path:
+        key = key_of(parts=parts, libraries=library_versions())
+        return self.root / key[:2] / f"{key}.npz"
+
+    def get(self, parts: dict[str, Any]) -> dict[str, np.ndarray] | None:
+        if not self.enabled:
+            return None
+        try:
+            with np.load(self._file(parts), allow_pickle=False) as stored:
+                names = [str(n) for n in stored[_NAMES]]
+                return {name: stored[f"o{index}"] for index, name in enumerate(names)}
+        except (FileNotFoundError, NotADirectoryError, KeyError, ValueError, OSError, zipfile.BadZipFile):
+            return None  # none, or not a whole file: computed again
+
+    def put(self, parts: dict[str, Any], outputs: dict[str, np.ndarray]) -> None:
+        """Store `outputs` atomically (written aside, then renamed over), under the key's file lock."""
+        if sum(np.asarray(v).nbytes for v in outputs.values()) > self.MAX_BYTES:
+            return
+        path = self._file(parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(path.parent / f"{path.name}.lock", is_singleton=True):
+            staging = _unused_name(path.parent, ".incoming-")
+            entries: dict[str, Any] = {f"o{index}": np.asarray(v) for index, v in enumerate(outputs.values())}
+            entries[_NAMES] = np.array(list(outputs))
+            with open(staging, "wb") as fh:  # a file object: np.savez would add .npz to a name
+                np.savez(fh, **entries)
+            os.replace(staging, path)
+
+    @classmethod
+    def beside(cls, steps: StepCache) -> OutputStore:
+        """The store of a step cache: the same root and the same --no-cache."""
+        return cls(steps.root / "outputs", steps.enabled)
+
+
+_NAMES = "names"  # the entry holding the output names (entries are o0, o1, ... : names may hold '/')
 
 
 def _unused_name(parent: Path, prefix: str) -> Path:

@@ -8,7 +8,7 @@ from typing import Any
 
 from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line
 from temper.artifacts.integrity import Mismatch, check_output, read_manifest
-from temper.pipeline.cache import MODEL_FILE, TUNING_FILE, RecordStore
+from temper.pipeline.cache import MODEL_FILE, TUNING_FILE, OutputStore, RecordStore
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.outputs import MANIFEST, same_build
 from temper.pipeline.runner import Runner, RunResult
@@ -31,6 +31,7 @@ def subject(runner: Runner, baseline: Path, candidates: dict[str, Path | str]) -
                                                           "preset": loaded.preset_choice.preset,
                                                           "reason": loaded.preset_choice.reason},
         tunings=tunings(candidates), layout=runner.layout(baseline), records=RecordStore.beside(runner.cache),
+        kept=OutputStore.beside(runner.cache),
     )
 
 

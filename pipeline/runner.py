@@ -6,7 +6,6 @@ goes to an `Observer`) and nothing of validation or publishing, which consume it
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tempfile
 import time
@@ -24,9 +23,10 @@ from temper.artifacts.errors import OptionError, RecipeError, StepFailed, Temper
 from temper.artifacts.folders import claim, sweep
 from temper.artifacts.integrity import sha256_of
 from temper.artifacts.layout import Layout
+from temper.artifacts.onnx_io import fingerprint
 from temper.calibration.sources import Dataset, load
 from temper.calibration.spec import DataSource
-from temper.pipeline.cache import MODEL_FILE, StepCache, key_of, library_versions
+from temper.pipeline.cache import MODEL_FILE, OutputStore, StepCache, key_of, library_versions
 from temper.pipeline.input_check import as_declared, check_batch, check_graph
 from temper.pipeline.input_layout import layout_of
 from temper.pipeline.loading import LoadedRecipe
@@ -95,15 +95,6 @@ class _Silent:
     def note(self, text: str) -> None: ...
 
 
-def _fingerprint(batches: list[Batch]) -> str:
-    digest = hashlib.sha256()
-    for batch in batches:
-        for name in sorted(batch):
-            digest.update(f"{name}:{batch[name].dtype}:{batch[name].shape}".encode())
-            digest.update(np.ascontiguousarray(batch[name]).tobytes())
-    return digest.hexdigest()
-
-
 class Runner:
     def __init__(self, loaded: LoadedRecipe, cache: StepCache, observer: Observer | None = None) -> None:
         self.loaded, self.recipe, self.cache = loaded, loaded.recipe, cache
@@ -160,12 +151,12 @@ class Runner:
 
     @cached_property
     def calibration_fingerprint(self) -> str:
-        return _fingerprint(self.calibration_batches)
+        return fingerprint(self.calibration_batches)
 
     @cached_property
     def sample_fingerprint(self) -> str:
         """Steps check their output on the sample batch: a new sample must re-run those checks."""
-        return _fingerprint([self.sample()])
+        return fingerprint([self.sample()])
 
     @cached_property
     def evaluation_fingerprint(self) -> str:
@@ -173,7 +164,7 @@ class Runner:
         if data is None:
             return "none"
         labels = {} if data.labels is None else {"__labels__": np.asarray(data.labels)}
-        return _fingerprint([{**data.features, **labels}])
+        return fingerprint([{**data.features, **labels}])
 
     @cached_property
     def scorer(self) -> GateScorer:
@@ -190,7 +181,7 @@ class Runner:
         assert self._shared is not None, "baseline() runs before any candidate step"
         return GateScorer(spec, self._shared[-1].path, list(self.recipe.model.outputs), self.evaluation_set,
                           self.calibration_set, evaluation.batch_size, self.loaded.base, self.loaded.file,
-                          self.layout(self._shared[-1].path))
+                          self.layout(self._shared[-1].path), OutputStore.beside(self.cache))
 
     @cached_property
     def input_layout(self) -> Layout:

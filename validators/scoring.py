@@ -12,7 +12,7 @@ from temper.artifacts.errors import RecipeError
 from temper.artifacts.layout import AXIS0, Layout
 from temper.calibration.sources import Dataset
 from temper.validators import metrics
-from temper.validators.evaluate import predict
+from temper.validators.evaluate import Kept, predict
 from temper.validators.fidelity import compare_outputs, fidelity_gates
 from temper.validators.spec import ValidateSpec
 from temper.validators.throughput import measure
@@ -52,8 +52,9 @@ class Reference:
 
 def reference(spec: ValidateSpec, baseline: Path, baseline_outputs: dict[str, np.ndarray], outputs: list[str],
               evaluation: Dataset, calibration: Dataset | None, batch_size: int, base: Path, file: str,
-              layout: Layout = AXIS0) -> Reference:
-    """Resolve the metric and check it fits the baseline's outputs and labels, before anything is scored."""
+              layout: Layout = AXIS0, kept: Kept | None = None) -> Reference:
+    """Resolve the metric and check it fits the baseline's outputs and labels, before anything is scored.
+    `kept`: where the baseline's outputs over the calibration set (a probe's training set) are kept."""
     assert spec.accuracy is not None
     metric = metrics.resolve(spec.accuracy, base, file)
     output = spec.accuracy.output or outputs[0]
@@ -69,7 +70,7 @@ def reference(spec: ValidateSpec, baseline: Path, baseline_outputs: dict[str, np
             raise RecipeError(file, metrics.KEY,
                               "metric probe trains on the baseline's outputs of the calibration set: "
                               "add data.calibration with a label column")
-        train = predict(baseline, calibration.features, batch_size, layout)[output], calibration.labels
+        train = predict(baseline, calibration.features, batch_size, layout, kept=kept)[output], calibration.labels
     own = baseline_outputs[output]
     value = metric.score(metrics.MetricData(own, evaluation.labels, own, *(train or (None, None))))
     return Reference(metric, output, evaluation.labels, own, train, value,
@@ -81,11 +82,11 @@ class GateScorer:
 
     def __init__(self, spec: ValidateSpec, baseline: Path, outputs: list[str], evaluation: Dataset,
                  calibration: Dataset | None, batch_size: int, base: Path, file: str,
-                 layout: Layout = AXIS0) -> None:
+                 layout: Layout = AXIS0, kept: Kept | None = None) -> None:
         self.spec, self.evaluation, self.batch_size, self.layout = spec, evaluation, batch_size, layout
-        self.baseline_outputs = predict(baseline, evaluation.features, batch_size, layout)
+        self.baseline_outputs = predict(baseline, evaluation.features, batch_size, layout, kept=kept)
         self.reference = reference(spec, baseline, self.baseline_outputs, outputs, evaluation, calibration,
-                                   batch_size, base, file, layout)
+                                   batch_size, base, file, layout, kept)
         self.metric = self.reference.metric.name
         self.baseline_metric = self.reference.value
         self.allowed_drop = self.reference.allowed

@@ -23,7 +23,7 @@ from temper.calibration.sources import Dataset
 from temper.validators import report_model, scoring
 from temper.validators.benches import Bench, bench_all
 from temper.validators.census import Census, of_file
-from temper.validators.evaluate import predict
+from temper.validators.evaluate import Kept, predict
 from temper.validators.fidelity import compare_outputs, fidelity_gates
 from temper.validators.gates import Gate, Verdict, at_most, select
 from temper.validators.pairs import BASELINE, Pair, pairs, reference, split
@@ -65,6 +65,7 @@ class Subject:
     tunings: dict[str, dict[str, Any]] = field(default_factory=dict)  # candidate -> its quantize fallback record
     layout: Layout = AXIS0  # batch axes and constants every batch is formed with
     records: Records | None = None  # where session settings searches are kept between runs (the pipeline's cache)
+    kept: Kept | None = None  # where models' outputs over the data are kept between runs (the pipeline's cache)
 
 
 @dataclass
@@ -126,12 +127,12 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
 
     progress("baseline › evaluate")
     base_out = predict(subject.baseline, subject.evaluation.features, subject.eval_batch_size, subject.layout,
-                       evaluated_on(ref.engine))
+                       evaluated_on(ref.engine), subject.kept)
     scorer = None
     if spec.accuracy:
         scorer = scoring.reference(spec, subject.baseline, base_out, subject.outputs, subject.evaluation,
                                    subject.calibration, subject.eval_batch_size, subject.base, subject.recipe_file,
-                                   subject.layout)
+                                   subject.layout, subject.kept)
 
     paths = {BASELINE: subject.baseline, **built}
     measured = {pair.key(ref.engine): (pair, paths[pair.model]) for pair in pairs(list(built), engines)}
@@ -158,7 +159,7 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
         if where not in outputs:
             progress(f"{key} › evaluate")
             outputs[where] = predict(path, subject.evaluation.features, subject.eval_batch_size, subject.layout,
-                                     where[1])
+                                     where[1], subject.kept)
         out = outputs[where]
         if scorer is not None:
             result.metric, result.drop = scorer.score(out)

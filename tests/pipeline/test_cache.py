@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import platformdirs
+import pytest
 
 from temper.pipeline.cache import RecordStore, StepCache, default_root, key_of
 
@@ -145,3 +146,65 @@ def test_disabled_records_miss_but_still_refresh(tmp_path):
     records.put({"k": 1}, {"kept": "spinning"})
     assert records.get({"k": 1}) is None
     assert RecordStore.beside(StepCache(tmp_path)).get({"k": 1}) == {"kept": "spinning"}
+
+
+def test_kept_outputs_read_back_under_the_same_parts_only(tmp_path):
+    import numpy as np
+
+    from temper.pipeline.cache import OutputStore
+
+    store = OutputStore(tmp_path / "outputs")
+    outputs = {"logits/0": np.arange(6, dtype=np.float32).reshape(2, 3), "ids": np.array([1, 2], np.int64)}
+    assert store.get({"model": "a"}) is None
+    store.put({"model": "a"}, outputs)
+    back = store.get({"model": "a"})
+    assert back is not None and list(back) == list(outputs)  # names with '/' and their order kept
+    for name, value in outputs.items():
+        assert back[name].dtype == value.dtype and (back[name] == value).all()
+    assert store.get({"model": "b"}) is None
+    assert OutputStore(tmp_path / "outputs", enabled=False).get({"model": "a"}) is None  # --no-cache reads nothing
+
+
+def test_a_damaged_kept_file_is_a_miss_and_big_outputs_are_not_kept(tmp_path, monkeypatch):
+    import numpy as np
+
+    from temper.pipeline.cache import OutputStore
+
+    store = OutputStore.beside(StepCache(tmp_path))
+    assert store.root == tmp_path / "outputs"
+    store.put({"model": "a"}, {"y": np.ones(1000, np.float32)})
+    (stored,) = store.root.rglob("*.npz")
+    stored.write_bytes(stored.read_bytes()[:100])  # cut short, as by a full disk
+    assert store.get({"model": "a"}) is None
+    monkeypatch.setattr(OutputStore, "MAX_BYTES", 3999)
+    store.put({"model": "b"}, {"y": np.ones(1000, np.float32)})  # 4000 bytes
+    assert store.get({"model": "b"}) is None
+
+
+@pytest.mark.slow
+def test_check_then_run_then_validate_evaluate_the_baseline_once(temper, digits_dir, isolated_cache, tmp_path):
+    """The baseline's outputs over the evaluation set are read by check, the run's gates and validate:
+    kept in the cache's outputs/ by content, each process after the first reads them back."""
+    import json
+
+    from tests.conftest import edit_recipe
+
+    recipe = digits_dir / "digits-cnn.yaml"
+
+    def one_candidate(d: dict) -> None:
+        d["candidates"] = {"int8-dynamic": d["candidates"]["int8-dynamic"]}
+        del d["validate"]["throughput"], d["publish"]
+
+    edit_recipe(recipe, one_candidate)
+    kept = isolated_cache / "outputs"
+    assert temper("check", recipe).code == 0
+    assert len(list(kept.rglob("*.npz"))) == 1  # the baseline's, over the evaluation set
+    out = tmp_path / "out"
+    assert temper("run", recipe, "--output", out).code == 0
+    assert len(list(kept.rglob("*.npz"))) == 2  # and the candidate's: the baseline's was read back
+    ran = json.loads((out / "report.json").read_text())
+    assert temper("validate", recipe, "--output", out).code == 0
+    assert len(list(kept.rglob("*.npz"))) == 2
+    again = json.loads((out / "report.json").read_text())
+    assert again["baseline"] == ran["baseline"]
+    assert again["candidates"]["int8-dynamic"]["drop"] == ran["candidates"]["int8-dynamic"]["drop"]

@@ -93,3 +93,37 @@ def test_a_state_batched_on_axis_1_is_fed_and_scored_samples_first(tmp_path: Pat
     assert got["stateN"].shape == (21, 2, 128)
     np.testing.assert_allclose(got["prob"], prob, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["stateN"], np.moveaxis(state, 1, 0), rtol=1e-5, atol=1e-6)
+
+
+# -- outputs kept between runs (pipeline.cache.OutputStore) ----------------------------------------
+def test_kept_outputs_are_read_back_for_the_same_model_bytes_and_rows_only(tmp_path):
+    from temper.pipeline.cache import OutputStore
+
+    store = OutputStore(tmp_path / "outputs")
+    model = _matmul(tmp_path / "m.onnx", "batch")
+    first = predict(model, {"x": ROWS}, 16, kept=store)
+    assert len(list(store.root.rglob("*.npz"))) == 1
+    again = predict(model, {"x": ROWS}, 16, kept=store)
+    np.testing.assert_array_equal(again["y"], first["y"])
+    assert len(list(store.root.rglob("*.npz"))) == 1  # read back, not stored twice
+    predict(model, {"x": ROWS[:60]}, 16, kept=store)  # other rows: computed and kept apart
+    assert len(list(store.root.rglob("*.npz"))) == 2
+    changed = onnx.load(str(model))  # same file name, other weights: other outputs
+    changed.graph.initializer[0].CopyFrom(numpy_helper.from_array(2 * WEIGHTS, "W"))
+    onnx.save(changed, str(model))
+    np.testing.assert_allclose(predict(model, {"x": ROWS}, 16, kept=store)["y"], 2 * first["y"], rtol=1e-6)
+
+
+def test_external_weights_are_part_of_what_kept_outputs_depend_on(tmp_path):
+    from temper.pipeline.cache import OutputStore
+
+    store = OutputStore(tmp_path / "outputs")
+    model = _matmul(tmp_path / "m.onnx", "batch")
+    proto = onnx.load(str(model))
+    onnx.save(proto, str(model), save_as_external_data=True, all_tensors_to_one_file=True, location="m.data",
+              size_threshold=0)
+    first = predict(model, {"x": ROWS}, 16, kept=store)["y"]
+    proto.graph.initializer[0].CopyFrom(numpy_helper.from_array(-WEIGHTS, "W"))
+    onnx.save(proto, str(model), save_as_external_data=True, all_tensors_to_one_file=True, location="m.data",
+              size_threshold=0)  # only m.data differs in the values; model.onnx may stay byte for byte
+    np.testing.assert_allclose(predict(model, {"x": ROWS}, 16, kept=store)["y"], -first, rtol=1e-6)

@@ -11,7 +11,7 @@ set -u
 PYTHON=${PYTHON:-python}
 "$PYTHON" -m pytest -n 2 --dist loadfile -m "(slow or not slow) and not minilm" --durations=15 "$@"
 first=$?
-"$PYTHON" -m pytest -m minilm --durations=15 "$@"
+"$PYTHON" -m pytest -n 0 -m minilm --durations=15 "$@"
 second=$?
 if [ "$first" -ne 0 ]; then exit "$first"; fi
 exit "$second"

@@ -92,8 +92,14 @@ class Census:
         return f"{self.eligible} eligible nodes: {self.quantized} quantized, {self.fp16} fp16, {self.fp32} fp32{where}"
 
 
-def census(model: onnx.ModelProto) -> Census:
-    """Count the eligible compute nodes of `model` and its subgraphs."""
+# ONNX Runtime's fused float ops (com.microsoft), in the graphs it optimizes a model into: float compute
+FUSED_FLOAT = {"FusedConv": "Conv", "NhwcFusedConv": "Conv", "FusedGemm": "Gemm", "FusedMatMul": "MatMul"}
+
+
+def census(model: onnx.ModelProto, qdq: bool = True) -> Census:
+    """Count the eligible compute nodes of `model` and its subgraphs. `qdq` False: a float op reading
+    DequantizeLinear outputs computes in float (a graph an engine optimized: it fused every Q/DQ
+    group it has an INT8 kernel for, so what is left computes on dequantized values)."""
     types = _elem_types(model)
     result = Census()
     graphs = list(_graphs(model.graph, 0))
@@ -103,10 +109,10 @@ def census(model: onnx.ModelProto) -> Census:
         for node in graph.node:
             if any(types.get(out) == TensorProto.FLOAT16 for out in node.output):
                 result.fp16_tensors = True
-            kind = _kind(node, producers, types)
+            kind = _kind(node, producers, types, qdq)
             if kind is None:
                 continue
-            op = QUANTIZED.get(node.op_type, node.op_type)
+            op = QUANTIZED.get(node.op_type) or FUSED_FLOAT.get(node.op_type, node.op_type)
             count = result.by_op.setdefault(op, OpCount())
             setattr(count, kind, getattr(count, kind) + 1)
             setattr(result, kind, getattr(result, kind) + 1)
@@ -123,13 +129,14 @@ def of_file(path: Path) -> Census:
     return census(onnx.load(str(path), load_external_data=False))
 
 
-def _kind(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto], types: dict[str, int]) -> str | None:
+def _kind(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto], types: dict[str, int],
+          qdq: bool) -> str | None:
     if node.op_type in QUANTIZED:
         return "quantized"
-    if node.op_type not in ELIGIBLE:
+    if node.op_type not in ELIGIBLE and node.op_type not in FUSED_FLOAT:
         return None
     data = [name for name in node.input[:_DATA_INPUTS] if name]
-    if data and all(_dequantized(name, producers) for name in data):
+    if qdq and data and all(_dequantized(name, producers) for name in data):
         return "quantized"
     first = [types.get(name) for name in (*node.input[:1], *node.output[:1])]
     return "fp16" if TensorProto.FLOAT16 in first else "fp32"

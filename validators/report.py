@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from temper.validators import report_plots as plots
-from temper.validators.report_model import FILE, CandidateMeasurement, Report, Tuning, dumps
+from temper.validators.report_model import FILE, Candidate, CandidateMeasurement, Report, Tuning, dumps
 
 Readable = Report | Mapping[str, Any]  # a Report, or report.json's dict (validated on the way in)
 
@@ -57,8 +57,19 @@ def engine_line(report: Report) -> str:
     computes = candidate.engine_precision if candidate else None
     settings = report.session_of(pair)
     shown = ", ".join(f"{k} {v}" for k, v in settings.model_dump().items()) if settings else "not measured"
-    return (f"`{report.selected}` on `{report.selected_engine}`, computing float ops in "
+    line = (f"`{report.selected}` on `{report.selected_engine}`, computing float ops in "
             f"{computes or 'the graph’s own precision'}; settings: {shown}")
+    return line + (f"; {short}" if candidate and (short := engine_shortfall(candidate)) else "")
+
+
+def engine_shortfall(candidate: Candidate) -> str | None:
+    """What the engine runs in float of the compute nodes the graph quantized, in words; None when it
+    runs them all in INT8 (or nothing was counted)."""
+    graph, engine = candidate.census, candidate.engine_census
+    if graph is None or engine is None or engine.quantized >= graph.quantized:
+        return None
+    return (f"ONNX Runtime runs {engine.quantized} of the graph's {graph.quantized} quantized compute nodes in "
+            f"INT8 ({engine.fp32 + engine.fp16} compute on dequantized values in float)")
 
 
 def markdown(report: Readable) -> str:
@@ -157,8 +168,9 @@ def _census_section(report: Report) -> list[str]:
     if not rows:
         return []
     lines = ["", "## Graph census (eligible compute nodes: Conv, ConvTranspose, MatMul, Gemm, Attention, LSTM)", "",
-             "| candidate | precision (graph) | asked | eligible | quantized | fp16 | fp32 | in subgraphs | by op |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| candidate | precision (graph) | asked | eligible | quantized | INT8 on ONNX Runtime | fp16 | fp32 | "
+             "in subgraphs | by op |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, c in rows:
         n = c.census
         assert n is not None
@@ -166,9 +178,14 @@ def _census_section(report: Report) -> list[str]:
         asked = c.intended_precision or "—"
         if c.intended_precision and c.intended_precision != c.precision:
             asked = f"**{asked}**"
-        lines.append(f"| {name} | {c.precision} | {asked} | {n.eligible} | {n.quantized} | {n.fp16} | {n.fp32} | "
-                     f"{n.in_subgraphs} | {by_op} |")
-    lines += ["", "By op: quantized/fp16/fp32. A graph that is not what its steps asked for fails the precision gate."]
+        runs = "—" if c.engine_census is None else str(c.engine_census.quantized)
+        if c.engine_census is not None and c.engine_census.quantized < n.quantized:
+            runs = f"**{runs}**"
+        lines.append(f"| {name} | {c.precision} | {asked} | {n.eligible} | {n.quantized} | {runs} | {n.fp16} | "
+                     f"{n.fp32} | {n.in_subgraphs} | {by_op} |")
+    lines += ["", "By op: quantized/fp16/fp32. A graph that is not what its steps asked for fails the precision gate. "
+              "INT8 on ONNX Runtime: of a CPU pair's quantized graph, the compute nodes ONNX Runtime fuses into INT8 "
+              "kernels; the rest it runs in float on dequantized values."]
     return lines
 
 

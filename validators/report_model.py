@@ -225,6 +225,10 @@ class Candidate(_Model):
     intended_precision: str | None = Field(description="what the recipe's steps asked for; a built graph that is "
                                                        "something else fails the precision gate")
     census: Census | None = Field(description="the graph's compute nodes by precision (null: it did not build)")
+    engine_census: Census | None = Field(
+        description="what ONNX Runtime's CPU provider runs of a quantized graph: the census of the graph it "
+                          "optimizes the model into (validators/engine_census.py), where Q/DQ left around a float op "
+                          "means float compute; null: not an ONNX Runtime CPU pair, or nothing quantized")
     bytes: int | None = Field(ge=0, description="the model file's size (null: it did not build)")
     metric: float | None
     drop: float | None

@@ -15,12 +15,13 @@ import numpy as np
 
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import RecipeError
-from temper.artifacts.host import HostProfile, profile
+from temper.artifacts.host import HostProfile, profile, usable_cores
 from temper.artifacts.layout import AXIS0, Layout
 from temper.artifacts.openvino_session import OpenVinoSession
 from temper.artifacts.providers import is_openvino
+from temper.artifacts.session import SessionSettings
 from temper.calibration.sources import Dataset
-from temper.validators import report_model, scoring
+from temper.validators import engine_census, report_model, scoring
 from temper.validators.benches import Bench, bench_all
 from temper.validators.census import Census, of_file
 from temper.validators.evaluate import Kept, predict
@@ -79,6 +80,7 @@ class CandidateResult:
     tuning: dict[str, Any] | None = None  # the quantize fallback's record (tuning.json), when it ran
     census: Census | None = None  # what the built graph computes in (None: it did not build)
     engine_precision: str | None = None  # what the engine computes float ops in, read back (OpenVINO); None: graph
+    engine_census: Census | None = None  # what ONNX Runtime's CPU provider runs of a quantized graph (engine_census)
 
 
 @dataclass
@@ -172,6 +174,8 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
                                  if (g := _speed_gate(bench, up, pair.engine, spec)) is not None]
         result.verdict.speed, result.verdict.speedup = _rank_speed(result.throughput, spec)
         result.engine_precision = _engine_precision(result, pair, path)
+        if pair.engine == "cpu" and result.census.quantized:
+            result.engine_census = engine_census.of_session(path, _ort_settings(result))
     base_bytes = subject.baseline.stat().st_size
     selected = select([r.verdict for r in results], subject.rule, base_bytes)
     reason = None if selected else why_baseline(results, host, subject.precisions, subject.rule, spec, base_bytes)
@@ -179,6 +183,15 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
                       scorer.allowed if scorer else None,
                       [bench.figure(ref.key(ref.engine)) for bench in benches], results, selected or BASELINE, reason,
                       searches)
+
+
+def _ort_settings(result: CandidateResult) -> SessionSettings:
+    """The ONNX Runtime settings a CPU pair was measured with (its graph optimization level decides what
+    the engine fuses into INT8 kernels); unmeasured, the default a bundle serves with."""
+    for measurement, _ in result.throughput:
+        if measurement.session:
+            return SessionSettings.model_validate(measurement.session)
+    return SessionSettings(intra_op_threads=usable_cores())
 
 
 def _engine_precision(result: CandidateResult, pair: Pair, path: Path) -> str | None:
@@ -358,6 +371,8 @@ def _candidate(c: CandidateResult, precision: str | None) -> report_model.Candid
         precision=None if c.census is None else c.census.precision(),
         intended_precision=precision,
         census=None if c.census is None else report_model.Census.model_validate(c.census.as_dict()),
+        engine_census=(None if c.engine_census is None
+                       else report_model.Census.model_validate(c.engine_census.as_dict())),
         bytes=c.verdict.bytes,
         metric=c.metric,
         drop=c.drop,

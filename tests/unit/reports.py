@@ -67,7 +67,7 @@ def sample_report() -> dict[str, Any]:
         "candidates": {
             "int8": {"model": "int8", "engine": "cpu", "engine_precision": None,
                      "passed": False, "bytes": 12 * 1024, "metric": 0.94, "drop": 0.01, "precision": "int8-static",
-                     "intended_precision": "int8-static", "census": CENSUS,
+                     "intended_precision": "int8-static", "census": CENSUS, "engine_census": CENSUS,
                      "gates": [gate("accuracy", True, "top1 drop 0.01 <= 0.02"),
                                gate("throughput.cpu.b8", False, INCONCLUSIVE, "inconclusive", [0.9, 1.3], 1.1, 1.2,
                                     "throughput", "cpu", 8)],
@@ -80,6 +80,7 @@ def sample_report() -> dict[str, Any]:
                      "census": {**CENSUS, "quantized": 0, "fp16": 3, "dynamic": 0,
                                 "by_op": {"Conv": {"quantized": 0, "fp16": 2, "fp32": 0},
                                           "MatMul": {"quantized": 0, "fp16": 1, "fp32": 0}}},
+                     "engine_census": None,
                      "gates": [gate("accuracy", False, "top1 drop 0.05 > 0.02")],
                      "fidelity": [{**fidelity, "cosine": 0.98}], "throughput": [], "tuning": None},
         },

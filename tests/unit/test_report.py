@@ -142,3 +142,25 @@ def test_throughput_plot_y_ticks_show_the_real_values(speeds, labels):
     shown = [t.get_text() for t in axes.get_yticklabels() if 0 <= t.get_position()[1] <= axes.get_ylim()[1]]
     assert shown[: len(labels)] == labels, shown
     assert len(set(shown)) == len(shown)  # no two ticks read the same
+
+
+def test_an_int8_pair_whose_engine_runs_part_of_it_in_float_says_so_where_it_serves():
+    """The engine census (validators/engine_census.py): in the census table, and on the serving line of a
+    selected pair, ONNX Runtime running fewer compute nodes in INT8 than the graph quantized."""
+    from temper.validators.report import engine_line
+    from tests.unit.reports import CENSUS
+
+    report = sample_report()
+    int8 = report["candidates"]["int8"]
+    int8["engine_census"] = {**CENSUS, "quantized": 2, "fp32": 1,
+                             "by_op": {"Conv": {"quantized": 2, "fp16": 0, "fp32": 0},
+                                       "MatMul": {"quantized": 0, "fp16": 0, "fp32": 1}}}
+    jsonschema.validate(report, SCHEMA)
+    assert "| int8 | int8-static | int8-static | 3 | 3 | **2** | 0 | 0 | 0 |" in markdown(report)
+    assert "| fp16 | fp16 | fp16 | 3 | 0 | — |" in markdown(report)  # nothing quantized: not asked
+    report.update(selected="int8", selected_pair="int8", passed=True, selection_reason=None)
+    line = engine_line(Report.model_validate(report))
+    assert line.endswith("; ONNX Runtime runs 2 of the graph's 3 quantized compute nodes in INT8 (1 compute on "
+                         "dequantized values in float)"), line
+    int8["engine_census"] = CENSUS  # all of them: nothing to say
+    assert "ONNX Runtime runs" not in engine_line(Report.model_validate(report))

@@ -30,6 +30,12 @@ def test_sensible_budget_passes_and_selects_the_fastest_passing(temper, gated_di
     speed_gates = [g for g in dynamic["gates"] if g["name"].startswith("throughput.")]
     assert speed_gates and not any(g["passed"] for g in speed_gates)
     assert all(g["measured"] < 0.6 for g in speed_gates), speed_gates
+    # what ONNX Runtime runs of each quantized graph (its optimized graph's census): the static QDQ conv net
+    # fuses into INT8 kernels whole; a float graph has no engine census
+    static = report["candidates"]["int8-static"]
+    assert static["engine_census"]["quantized"] == static["census"]["quantized"] > 0
+    assert dynamic["engine_census"]["quantized"] == dynamic["census"]["quantized"] > 0
+    assert report["candidates"]["fp16"]["engine_census"] is None
     # The selection is the fastest passing candidate whose speedup interval at the ranking batch size
     # lies above 1.0, by the report's own numbers; the baseline, with its reason, when there is none.
     passing = {n: max(c["throughput"], key=lambda m: m["batch_size"]) for n, c in report["candidates"].items()

@@ -33,7 +33,7 @@ from temper.artifacts import onnx_io
 from temper.artifacts.errors import OptionError, StepFailed, first_line
 from temper.artifacts.onnx_io import Batch
 from temper.pipeline.step_options import QuantizeOptions
-from temper.pipeline.steps.quantize import failures, preprocess
+from temper.pipeline.steps.quantize import entropy, failures, preprocess
 
 METHODS = {
     "minmax": CalibrationMethod.MinMax,
@@ -99,7 +99,10 @@ def prepare(src: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Pa
         )
         for part in in_calls(model, feeds, split=options.calibration == "minmax"):
             calibrator.collect_data(_Reader([part]))  # every activation of a call is held at once
-        save_tensors_data(calibrator.compute_data(), ranges)
+        # entropy: the library's threshold search, vectorized (the same thresholds, seconds faster)
+        computed = (entropy.thresholds(calibrator.collector) if options.calibration == "entropy"
+                    else calibrator.compute_data())
+        save_tensors_data(computed, ranges)
     return Prepared(model, ranges, large)
 
 

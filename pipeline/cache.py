@@ -9,8 +9,9 @@ import os
 import shutil
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import platformdirs
@@ -106,19 +107,41 @@ class StepCache:
         return folder / MODEL_FILE
 
 
-class RecordStore:
-    """JSON records keyed like steps, for results that are measurements rather than models: the session
-    settings search (validators/session_search.py) keeps one per model, host and settings table, so a
-    second run on the same host reuses it. Lives beside the step folders (`records/` under the cache
-    root); with `enabled` False (--no-cache) nothing is read and every result replaces the stored one.
-    """
+class _KeyedFiles:
+    """One file per key (a hash of the parts and the library versions) under `root`, beside the step
+    folders: written aside and renamed over under the key's file lock, so a reader sees a whole file or
+    none; with `enabled` False (--no-cache) nothing is read and every result replaces the stored one."""
+
+    FOLDER = ""  # under the step cache's root
+    SUFFIX = ""
 
     def __init__(self, root: Path, enabled: bool = True) -> None:
         self.root, self.enabled = Path(root).expanduser().resolve(), enabled
 
     def _file(self, parts: dict[str, Any]) -> Path:
         key = key_of(parts=parts, libraries=library_versions())
-        return self.root / key[:2] / f"{key}.json"
+        return self.root / key[:2] / f"{key}{self.SUFFIX}"
+
+    def _replace(self, parts: dict[str, Any], write: Callable[[Path], object]) -> None:
+        path = self._file(parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(path.parent / f"{path.name}.lock", is_singleton=True):
+            staging = _unused_name(path.parent, ".incoming-")
+            write(staging)
+            os.replace(staging, path)
+
+    @classmethod
+    def beside(cls, steps: StepCache) -> Self:
+        """The store of a step cache: the same root and the same --no-cache."""
+        return cls(steps.root / cls.FOLDER, steps.enabled)
+
+
+class RecordStore(_KeyedFiles):
+    """JSON records keyed like steps, for results that are measurements rather than models: the session
+    settings search (validators/session_search.py) keeps one per model, host and settings table, so a
+    second run on the same host reuses it (`records/`)."""
+
+    FOLDER, SUFFIX = "records", ".json"
 
     def get(self, parts: dict[str, Any]) -> dict[str, Any] | None:
         if not self.enabled:
@@ -129,36 +152,18 @@ class RecordStore:
             return None
 
     def put(self, parts: dict[str, Any], record: dict[str, Any]) -> None:
-        """Store `record` atomically (written aside, then renamed over), under the key's file lock."""
-        path = self._file(parts)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(path.parent / f"{path.name}.lock", is_singleton=True):
-            staging = _unused_name(path.parent, ".incoming-")
-            staging.write_text(json.dumps(record, indent=2))
-            os.replace(staging, path)
-
-    @classmethod
-    def beside(cls, steps: StepCache) -> RecordStore:
-        """The store of a step cache: the same root and the same --no-cache."""
-        return cls(steps.root / "records", steps.enabled)
+        self._replace(parts, lambda staging: staging.write_text(json.dumps(record, indent=2)))
 
 
-class OutputStore:
+class OutputStore(_KeyedFiles):
     """Model outputs over a data set (validators.evaluate.predict), keyed by everything they depend on
     (model content, data, engine, host, library versions): the baseline's outputs over the evaluation
     and calibration sets are read by `temper check`, the quantize fallback's scorer and the gates, so a
-    run computed them up to four times, and a `temper check` before it twice more. Lives beside the
-    step folders (`outputs/` under the cache root); with `enabled` False (--no-cache) nothing is read.
+    run computed them up to four times, and a `temper check` before it twice more (`outputs/`).
     Outputs over MAX_BYTES are not kept: reading them back would cost about what computing them does."""
 
+    FOLDER, SUFFIX = "outputs", ".npz"
     MAX_BYTES = 2**28
-
-    def __init__(self, root: Path, enabled: bool = True) -> None:
-        self.root, self.enabled = Path(root).expanduser().resolve(), enabled
-
-    def _file(self, parts: dict[str, Any]) -> Path:
-        key = key_of(parts=parts, libraries=library_versions())
-        return self.root / key[:2] / f"{key}.npz"
 
     def get(self, parts: dict[str, Any]) -> dict[str, np.ndarray] | None:
         if not self.enabled:
@@ -171,23 +176,16 @@ class OutputStore:
             return None  # none, or not a whole file: computed again
 
     def put(self, parts: dict[str, Any], outputs: dict[str, np.ndarray]) -> None:
-        """Store `outputs` atomically (written aside, then renamed over), under the key's file lock."""
         if sum(np.asarray(v).nbytes for v in outputs.values()) > self.MAX_BYTES:
             return
-        path = self._file(parts)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(path.parent / f"{path.name}.lock", is_singleton=True):
-            staging = _unused_name(path.parent, ".incoming-")
-            entries: dict[str, Any] = {f"o{index}": np.asarray(v) for index, v in enumerate(outputs.values())}
-            entries[_NAMES] = np.array(list(outputs))
+        entries: dict[str, Any] = {f"o{index}": np.asarray(v) for index, v in enumerate(outputs.values())}
+        entries[_NAMES] = np.array(list(outputs))
+
+        def write(staging: Path) -> None:
             with open(staging, "wb") as fh:  # a file object: np.savez would add .npz to a name
                 np.savez(fh, **entries)
-            os.replace(staging, path)
 
-    @classmethod
-    def beside(cls, steps: StepCache) -> OutputStore:
-        """The store of a step cache: the same root and the same --no-cache."""
-        return cls(steps.root / "outputs", steps.enabled)
+        self._replace(parts, write)
 
 
 _NAMES = "names"  # the entry holding the output names (entries are o0, o1, ... : names may hold '/')

@@ -198,13 +198,17 @@ def test_check_then_run_then_validate_evaluate_the_baseline_once(temper, digits_
     edit_recipe(recipe, one_candidate)
     kept = isolated_cache / "outputs"
     assert temper("check", recipe).code == 0
-    assert len(list(kept.rglob("*.npz"))) == 1  # the baseline's, over the evaluation set
+    (baseline,) = kept.rglob("*.npz")  # the baseline's, over the evaluation set
+    written = baseline.stat().st_ino  # a computed result is written aside and renamed over: a new file
     out = tmp_path / "out"
     assert temper("run", recipe, "--output", out).code == 0
-    assert len(list(kept.rglob("*.npz"))) == 2  # and the candidate's: the baseline's was read back
+    assert len(list(kept.rglob("*.npz"))) == 2  # and the candidate's
+    assert baseline.stat().st_ino == written  # the baseline's was read back, not computed again
     ran = json.loads((out / "report.json").read_text())
+    candidate = next(f for f in kept.rglob("*.npz") if f != baseline).stat().st_ino
     assert temper("validate", recipe, "--output", out).code == 0
-    assert len(list(kept.rglob("*.npz"))) == 2
+    assert len(list(kept.rglob("*.npz"))) == 2 and baseline.stat().st_ino == written
+    assert next(f for f in kept.rglob("*.npz") if f != baseline).stat().st_ino == candidate
     again = json.loads((out / "report.json").read_text())
     assert again["baseline"] == ran["baseline"]
     assert again["candidates"]["int8-dynamic"]["drop"] == ran["candidates"]["int8-dynamic"]["drop"]

@@ -40,6 +40,14 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def content_digests(path: Path, model: onnx.ModelProto) -> list[str]:
+    """The sha256 of the model file and of each external data file its graph names (`model`: its structure):
+    what a result computed from the model (outputs, calibrated ranges) is keyed on."""
+    files = [path, *sorted({path.parent / e.value for i in model.graph.initializer for e in i.external_data
+                            if e.key == "location"})]
+    return [sha256_of(f) for f in files]
+
+
 def read_manifest(folder: Path, remedy: str) -> dict[str, Any]:
     """manifest.json as a mapping (Mismatch when it cannot be read or is not temper's)."""
     path = folder / MANIFEST

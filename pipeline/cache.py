@@ -191,6 +191,29 @@ class OutputStore(_KeyedFiles):
 _NAMES = "names"  # the entry holding the output names (entries are o0, o1, ... : names may hold '/')
 
 
+class RangeStore(_KeyedFiles):
+    """Calibrated activation ranges (ONNX Runtime's calibration cache file, JSON), keyed by the model the
+    calibrator read, the calibration options and data, and the host: a plain static INT8 candidate and
+    its fallback twin, and the fallback's per-channel configuration, calibrate the same model with the same
+    data, which is the slowest part of a static quantize after the trials (MiniLM: about 16 s each on a
+    2-core EPYC). Weight settings (per_channel, weight_type) do not enter a calibration (`ranges/`)."""
+
+    FOLDER, SUFFIX = "ranges", ".json"
+
+    def get(self, parts: dict[str, Any]) -> str | None:
+        if not self.enabled:
+            return None
+        try:
+            text = self._file(parts).read_text()
+            json.loads(text)  # a whole file, or none
+            return text
+        except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+
+    def put(self, parts: dict[str, Any], ranges: Path) -> None:
+        self._replace(parts, lambda staging: shutil.copyfile(ranges, staging))
+
+
 def _unused_name(parent: Path, prefix: str) -> Path:
     """A fresh path in `parent` that nothing occupies, for a folder to be renamed or moved to."""
     path = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))

@@ -12,6 +12,7 @@ import io
 
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import RecipeError
+from temper.pipeline.cache import RangeStore
 from temper.pipeline.runner import Runner
 from temper.pipeline.step_options import FallbackOptions, QuantizeOptions
 from temper.pipeline.steps.quantize import (
@@ -47,6 +48,7 @@ def rank_candidate(runner: Runner, name: str, samples: int | None) -> list[sensi
     feeds = calibration_feeds(structure, runner.calibration_batches, runner.input_layout)
     count = samples or (options.fallback or FallbackOptions()).samples
     with contextlib.redirect_stdout(io.StringIO()):  # the quantizer's progress prints
-        prepared = quantize_static.prepare(source, options, feeds, runner.scratch, needs_external_data(structure))
+        prepared = quantize_static.prepare(source, options, feeds, runner.scratch, needs_external_data(structure),
+                                           RangeStore.beside(runner.cache))
         return sensitivity.rank(prepared, options, first_samples(feeds, count, runner.input_layout), runner.scratch,
                                 progress=runner.observer.note)

@@ -26,7 +26,7 @@ from temper.artifacts.layout import Layout
 from temper.artifacts.onnx_io import fingerprint
 from temper.calibration.sources import Dataset, load
 from temper.calibration.spec import DataSource
-from temper.pipeline.cache import MODEL_FILE, OutputStore, StepCache, key_of, library_versions
+from temper.pipeline.cache import MODEL_FILE, OutputStore, RangeStore, StepCache, key_of, library_versions
 from temper.pipeline.input_check import as_declared, check_batch, check_graph
 from temper.pipeline.input_layout import layout_of
 from temper.pipeline.loading import LoadedRecipe
@@ -218,7 +218,8 @@ class Runner:
         from temper.pipeline.steps.base import StepContext
 
         return StepContext(self.recipe.model.inputs, lambda: self.calibration_batches, self.sample, folder,
-                           lambda: self.scorer, lambda text: self.observer.note(f"{where} › {text}"))
+                           lambda: self.scorer, lambda text: self.observer.note(f"{where} › {text}"),
+                           RangeStore.beside(self.cache))
 
     # -- models -----------------------------------------------------------------------------------
     def source(self) -> ModelRecord:

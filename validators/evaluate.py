@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 
 from temper.artifacts.host import profile, usable_cores
-from temper.artifacts.integrity import sha256_of
+from temper.artifacts.integrity import content_digests
 from temper.artifacts.layout import AXIS0, Layout
 from temper.artifacts.onnx_io import fingerprint, fit_batch, fixed_batch, load_structure
 from temper.artifacts.providers import CPU
@@ -56,10 +56,8 @@ def _depends_on(path: Path, model: onnx.ModelProto, features: dict[str, np.ndarr
                 layout: Layout, engine: str) -> dict[str, Any]:
     """What a model's outputs depend on: its bytes (external data included), the rows, the batching, the
     engine, and the host's ISA, threads and runtimes (kernels and their order of sums differ)."""
-    files = [path, *sorted({path.parent / e.value for i in model.graph.initializer for e in i.external_data
-                            if e.key == "location"})]
     host = profile()
-    return {"model": [sha256_of(f) for f in files], "features": fingerprint([features]), "batch_size": batch_size,
+    return {"model": content_digests(path, model), "features": fingerprint([features]), "batch_size": batch_size,
             "layout": [dict(layout.inputs), dict(layout.outputs), fingerprint([dict(layout.constants)])],
             "engine": engine,
             "host": [host.cpu, host.arch, host.features, usable_cores(), host.onnxruntime, host.openvino]}

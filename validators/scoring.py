@@ -84,6 +84,7 @@ class GateScorer:
                  calibration: Dataset | None, batch_size: int, base: Path, file: str,
                  layout: Layout = AXIS0, kept: Kept | None = None) -> None:
         self.spec, self.evaluation, self.batch_size, self.layout = spec, evaluation, batch_size, layout
+        self.kept = kept  # trials' outputs too: the gates then read the kept trial's (and the plain model's) back
         self.baseline_outputs = predict(baseline, evaluation.features, batch_size, layout, kept=kept)
         self.reference = reference(spec, baseline, self.baseline_outputs, outputs, evaluation, calibration,
                                    batch_size, base, file, layout, kept)
@@ -92,7 +93,7 @@ class GateScorer:
         self.allowed_drop = self.reference.allowed
 
     def score(self, model: Path) -> Score:
-        out = predict(model, self.evaluation.features, self.batch_size, self.layout)
+        out = predict(model, self.evaluation.features, self.batch_size, self.layout, kept=self.kept)
         metric, drop = self.reference.score(out)
         comparisons = compare_outputs(self.baseline_outputs, out, self.spec)  # with the recipe's slices
         failed = [g.name for g in fidelity_gates(comparisons, self.spec) if not g.passed]

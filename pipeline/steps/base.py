@@ -31,6 +31,7 @@ from temper.pipeline.recipe import InputSpec
 if TYPE_CHECKING:
     import onnx
 
+    from temper.pipeline.steps.quantize.quantize_static import KeptRanges
     from temper.validators.scoring import Score
 
 Options = TypeVar("Options", bound=BaseModel)
@@ -61,6 +62,7 @@ class StepContext:
     scratch: Path  # a private empty folder for intermediate files
     scorer: Callable[[], Scorer] = field(default=lambda: _no_scorer())  # for steps with uses_evaluation
     progress: Callable[[str], None] = field(default=lambda _: None)  # what a long step is doing now (the observer)
+    ranges: KeptRanges | None = None  # where calibrated ranges are kept (the cache's ranges/; None: --no-cache)
 
 
     @property

@@ -212,3 +212,76 @@ def test_check_then_run_then_validate_evaluate_the_baseline_once(temper, digits_
     again = json.loads((out / "report.json").read_text())
     assert again["baseline"] == ran["baseline"]
     assert again["candidates"]["int8-dynamic"]["drop"] == ran["candidates"]["int8-dynamic"]["drop"]
+
+
+def test_kept_ranges_read_back_whole_under_the_same_parts_only(tmp_path):
+    from temper.pipeline.cache import RangeStore
+
+    store = RangeStore.beside(StepCache(tmp_path))
+    assert store.root == tmp_path / "ranges"
+    ranges = tmp_path / "ranges.json"
+    ranges.write_text('{"x": {"lowest": -1.0, "highest": 2.0}}')
+    assert store.get({"model": "a"}) is None
+    store.put({"model": "a"}, ranges)
+    assert store.get({"model": "a"}) == ranges.read_text() and store.get({"model": "b"}) is None
+    assert RangeStore(store.root, enabled=False).get({"model": "a"}) is None  # --no-cache reads nothing
+    (stored,) = store.root.rglob("*.json")
+    stored.write_text('{"x": {"lowe')  # cut short
+    assert store.get({"model": "a"}) is None
+
+
+@pytest.mark.slow
+def test_candidates_that_differ_in_weight_settings_share_one_calibration(temper, digits_dir, isolated_cache, tmp_path):
+    """Activation ranges depend on the model, the calibration options and data, never on weight settings:
+    a second candidate differing only in per_channel reads the first one's ranges back (`ranges/`), and
+    another calibration method is a calibration of its own."""
+    from tests.conftest import edit_recipe
+
+    recipe = digits_dir / "digits-cnn.yaml"
+    static = {"mode": "static", "format": "qdq", "calibration": "minmax"}
+
+    def candidates(*variants: dict) -> None:
+        def change(d: dict) -> None:
+            d["candidates"] = {f"int8-{i}": {"steps": [{"quantize": {**static, **v}}]} for i, v in enumerate(variants)}
+            d.pop("publish", None)
+            d["validate"].pop("throughput", None)
+        edit_recipe(recipe, change)
+
+    kept = isolated_cache / "ranges"
+    candidates({"per_channel": False})
+    assert temper("run", recipe, "--output", tmp_path / "a").code == 0
+    (first,) = kept.rglob("*.json")
+    written = first.stat().st_ino  # a calibration is written aside and renamed over: a new file
+    candidates({"per_channel": False}, {"per_channel": True}, {"per_channel": True, "calibration": "entropy"})
+    assert temper("run", recipe, "--output", tmp_path / "b").code == 0
+    assert first.stat().st_ino == written  # per_channel's candidate read the minmax ranges back
+    assert len(list(kept.rglob("*.json"))) == 2  # entropy calibrated on its own
+
+
+@pytest.mark.slow
+def test_the_gates_read_the_fallback_trials_outputs_back(temper, digits_dir, isolated_cache, tmp_path):
+    """The fallback's scorer keeps each trial's outputs by the trial model's bytes: the kept model is the
+    best trial rewritten (the same bytes), and a plain twin candidate is the plain trial, so the gates
+    evaluate neither again."""
+    from tests.conftest import edit_recipe
+
+    recipe = digits_dir / "digits-cnn.yaml"
+    static = {"mode": "static", "format": "qdq", "per_channel": True}
+
+    def change(d: dict) -> None:
+        d["validate"] = {"accuracy": {"metric": "mse", "max_drop": 0.0}}  # no trial meets it: every trial is scored
+        d["candidates"] = {"plain": {"steps": [{"quantize": static}]},
+                           "tuned": {"steps": [{"quantize": {**static, "fallback": {"max_trials": 3,
+                                                                                   "configurations": False}}}]}}
+        d.pop("publish", None)
+
+    edit_recipe(recipe, change)
+    out = tmp_path / "out"
+    assert temper("run", recipe, "--output", out).code == 0
+    import json
+
+    trials = json.loads((out / "tuned" / "tuning.json").read_text())["trials"]
+    assert len(trials) == 3 and len({tuple(t["float_nodes"]) for t in trials}) == 3
+    # the baseline's outputs and the three trials' (more than the gates' two models could leave), and the
+    # gates' evaluations added none: they read a trial's back
+    assert len(list((isolated_cache / "outputs").rglob("*.npz"))) == 1 + len(trials)

@@ -80,7 +80,7 @@ class Quantize(Step[QuantizeOptions]):
             def prepare(chosen: QuantizeOptions, scratch: Path = ctx.scratch) -> tuple[quantize_static.Prepared,
                                                                                       list[str]]:
                 scratch.mkdir(exist_ok=True)
-                prepared = quantize_static.prepare(src, chosen, feeds, scratch, large)
+                prepared = quantize_static.prepare(src, chosen, feeds, scratch, large, ctx.ranges)
                 return prepared, preprocess.follow_fusions(prepared.structure, chosen.exclude_nodes, typed)
 
             def configured(chosen: QuantizeOptions) -> tuple[quantize_static.Prepared, list[str]]:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -31,6 +31,8 @@ from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import OptionError, StepFailed, first_line
+from temper.artifacts.host import profile, usable_cores
+from temper.artifacts.integrity import content_digests
 from temper.artifacts.onnx_io import Batch
 from temper.pipeline.step_options import QuantizeOptions
 from temper.pipeline.steps.quantize import entropy, failures, preprocess
@@ -83,10 +85,44 @@ CALIBRATION_ROWS_PER_CALL = 8
 PER_CHANNEL_OPSET = 13  # DequantizeLinear's `axis` (per-channel scales) arrived in opset 13
 
 
-def prepare(src: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Path, large: bool) -> Prepared:
+class KeptRanges(Protocol):
+    """Where calibrated ranges are kept between candidates and runs (pipeline.cache.RangeStore)."""
+
+    def get(self, parts: dict[str, Any]) -> str | None: ...
+
+    def put(self, parts: dict[str, Any], ranges: Path) -> None: ...
+
+
+def prepare(src: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Path, large: bool,
+            kept: KeptRanges | None = None) -> Prepared:
+    """The model the quantizer reads and its calibrated ranges. With `kept`, ranges calibrated before
+    from the same model bytes, calibration options, data and host are read back instead."""
     src = _upgraded(src, scratch, large) if options.per_channel else src
     model = preprocess.pre_process(src, scratch, large) if options.preprocess else src
     ranges = scratch / "ranges.json"
+    parts = _calibrated_from(model, options, feeds) if kept is not None else {}
+    if kept is not None and (found := kept.get(parts)) is not None:
+        ranges.write_text(found)
+        return Prepared(model, ranges, large)
+    _calibrate(model, options, feeds, scratch, large, ranges)
+    if kept is not None:
+        kept.put(parts, ranges)
+    return Prepared(model, ranges, large)
+
+
+def _calibrated_from(model: Path, options: QuantizeOptions, feeds: list[Batch]) -> dict[str, Any]:
+    """What a calibration depends on: the model's bytes, the calibration options (weight settings such
+    as per_channel never enter it), the data and how it is split into calls, and the host's kernels."""
+    host = profile()
+    return {"model": content_digests(model, onnx_io.load_structure(model)), "method": options.calibration,
+            "num_bins": options.num_bins, "percentile": options.percentile,
+            "symmetric": options.symmetric_activations, "op_types": op_types(options),
+            "rows_per_call": CALIBRATION_ROWS_PER_CALL, "data": onnx_io.fingerprint(feeds),
+            "host": [host.cpu, host.arch, host.features, usable_cores()]}
+
+
+def _calibrate(model: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Path, large: bool,
+               ranges: Path) -> None:
     with failures.stage("calibration", failures.keep_float(options.preprocess)):
         calibrator = create_calibrator(
             model,
@@ -103,7 +139,6 @@ def prepare(src: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Pa
         computed = (entropy.thresholds(calibrator.collector) if options.calibration == "entropy"
                     else calibrator.compute_data())
         save_tensors_data(computed, ranges)
-    return Prepared(model, ranges, large)
 
 
 def unbinnable(prepared: Prepared, method: str) -> str | None:

@@ -29,7 +29,10 @@ def test_sensible_budget_passes_and_selects_the_fastest_passing(temper, gated_di
     dynamic = report["candidates"]["int8-dynamic"]
     speed_gates = [g for g in dynamic["gates"] if g["name"].startswith("throughput.")]
     assert speed_gates and not any(g["passed"] for g in speed_gates)
-    assert all(g["measured"] < 0.6 for g in speed_gates), speed_gates
+    # failed on its measurement, not on noise: the whole speedup interval lies below the budget (how much
+    # slower it is, is the host's, recorded in docs/benchmarks.md, not asserted by a test)
+    assert all(g["verdict"] == "fail" and g["measured"] <= g["interval"][1] < g["budget"] for g in speed_gates), \
+        speed_gates
     # what ONNX Runtime runs of each quantized graph (its optimized graph's census): the static QDQ conv net
     # fuses into INT8 kernels whole; a float graph has no engine census
     static = report["candidates"]["int8-static"]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -33,6 +35,30 @@ def library_versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = "absent"
     return versions
+
+
+PACKAGES = ("temper.pipeline", "temper.calibration", "temper.validators", "temper.artifacts")
+
+
+@functools.cache
+def source_digest(packages: tuple[str, ...] = PACKAGES) -> str:
+    """sha256 over temper's own source files (each package's .py and .json files, by relative path): a
+    cached result depends on the code that computed it, and an install from a git commit keeps the version
+    number of the last release, so the version alone would serve a changed step's old output."""
+    digest = hashlib.sha256()
+    for package in packages:
+        spec = importlib.util.find_spec(package)
+        assert spec is not None and spec.submodule_search_locations, package
+        root = Path(next(iter(spec.submodule_search_locations)))
+        for file in sorted(f for f in root.rglob("*") if f.suffix in (".py", ".json") and f.is_file()):
+            digest.update(f"{package}/{file.relative_to(root).as_posix()}\0".encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def cache_versions() -> dict[str, str]:
+    """What every cache key holds of the software: the libraries' versions and temper's own source."""
+    return {**library_versions(), "temper-ml source": source_digest()}
 
 
 def default_root() -> Path:
@@ -119,7 +145,7 @@ class _KeyedFiles:
         self.root, self.enabled = Path(root).expanduser().resolve(), enabled
 
     def _file(self, parts: dict[str, Any]) -> Path:
-        key = key_of(parts=parts, libraries=library_versions())
+        key = key_of(parts=parts, libraries=cache_versions())
         return self.root / key[:2] / f"{key}{self.SUFFIX}"
 
     def _replace(self, parts: dict[str, Any], write: Callable[[Path], object]) -> None:

@@ -26,7 +26,7 @@ from temper.artifacts.layout import Layout
 from temper.artifacts.onnx_io import fingerprint
 from temper.calibration.sources import Dataset, load
 from temper.calibration.spec import DataSource
-from temper.pipeline.cache import MODEL_FILE, OutputStore, RangeStore, StepCache, key_of, library_versions
+from temper.pipeline.cache import MODEL_FILE, OutputStore, RangeStore, StepCache, cache_versions, key_of
 from temper.pipeline.input_check import as_declared, check_batch, check_graph
 from temper.pipeline.input_layout import layout_of
 from temper.pipeline.loading import LoadedRecipe
@@ -99,7 +99,7 @@ class Runner:
     def __init__(self, loaded: LoadedRecipe, cache: StepCache, observer: Observer | None = None) -> None:
         self.loaded, self.recipe, self.cache = loaded, loaded.recipe, cache
         self.observer = observer or _Silent()
-        self.versions = library_versions()
+        self.versions = cache_versions()  # part of every step's key
         temp = Path(tempfile.gettempdir())
         sweep(temp, SCRATCH)  # what killed runs left; named by process id, so a live run's stays
         self.scratch = claim(temp, SCRATCH, mode=0o700)

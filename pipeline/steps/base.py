@@ -62,7 +62,7 @@ class StepContext:
     scratch: Path  # a private empty folder for intermediate files
     scorer: Callable[[], Scorer] = field(default=lambda: _no_scorer())  # for steps with uses_evaluation
     progress: Callable[[str], None] = field(default=lambda _: None)  # what a long step is doing now (the observer)
-    ranges: KeptRanges | None = None  # where calibrated ranges are kept (the cache's ranges/); None: calibrate each time
+    ranges: KeptRanges | None = None  # the cache's ranges/ (calibrations kept); None: calibrate each time
 
 
     @property

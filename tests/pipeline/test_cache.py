@@ -285,3 +285,24 @@ def test_the_gates_read_the_fallback_trials_outputs_back(temper, digits_dir, iso
     # the baseline's outputs and the three trials' (more than the gates' two models could leave), and the
     # gates' evaluations added none: they read a trial's back
     assert len(list((isolated_cache / "outputs").rglob("*.npz"))) == 1 + len(trials)
+
+
+def test_every_key_holds_temper_own_source_not_only_its_version(tmp_path, monkeypatch):
+    """An install from a git commit keeps the last release's version number: a changed step must still
+    miss the results its old code cached. Bytecode and other files do not count."""
+    from temper.pipeline.cache import cache_versions, source_digest
+
+    package = tmp_path / "fakepkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "step.py").write_text("RULE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = source_digest(("fakepkg",))
+    (package / "sub" / "step.pyc").write_bytes(b"\0")
+    (package / "notes.txt").write_text("not code")
+    source_digest.cache_clear()
+    assert source_digest(("fakepkg",)) == before
+    (package / "sub" / "step.py").write_text("RULE = 2\n")
+    source_digest.cache_clear()
+    assert source_digest(("fakepkg",)) != before
+    assert cache_versions()["temper-ml source"] == source_digest()  # the installed temper's, in every key

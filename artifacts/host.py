@@ -19,6 +19,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 from pydantic import BaseModel, ConfigDict
@@ -68,6 +69,11 @@ class HostProfile(BaseModel):
     @property
     def vnni(self) -> bool:
         return any(f in self.features for f in VNNI)
+
+    def kernels(self) -> list[Any]:
+        """What of this host a cached numeric result depends on: CPU, ISA and threads choose the kernels
+        and their order of sums (pipeline.cache's outputs/ and ranges/ key on it)."""
+        return [self.cpu, self.arch, self.features, self.usable_cores]
 
     def summary(self) -> str:
         """One line for logs and report headers."""

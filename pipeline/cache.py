@@ -221,8 +221,8 @@ class RangeStore(_KeyedFiles):
     """Calibrated activation ranges (ONNX Runtime's calibration cache file, JSON), keyed by the model the
     calibrator read, the calibration options and data, and the host: a plain static INT8 candidate and
     its fallback twin, and the fallback's per-channel configuration, calibrate the same model with the same
-    data, which is the slowest part of a static quantize after the trials (MiniLM: about 16 s each on a
-    2-core EPYC). Weight settings (per_channel, weight_type) do not enter a calibration (`ranges/`)."""
+    data, which is the slowest part of a static quantize after the trials (MiniLM: about 18 s each on a
+    2-core AVX2 EPYC). Weight settings (per_channel, weight_type) do not enter a calibration (`ranges/`)."""
 
     FOLDER, SUFFIX = "ranges", ".json"
 

@@ -60,7 +60,7 @@ def _depends_on(path: Path, model: onnx.ModelProto, features: dict[str, np.ndarr
     return {"model": content_digests(path, model), "features": fingerprint([features]), "batch_size": batch_size,
             "layout": [dict(layout.inputs), dict(layout.outputs), fingerprint([dict(layout.constants)])],
             "engine": engine,
-            "host": [host.cpu, host.arch, host.features, usable_cores(), host.onnxruntime, host.openvino]}
+            "host": [*host.kernels(), host.onnxruntime, host.openvino]}
 
 
 def _predict(path: Path, model: onnx.ModelProto, features: dict[str, np.ndarray], batch_size: int,

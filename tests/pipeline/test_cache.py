@@ -305,4 +305,19 @@ def test_every_key_holds_temper_own_source_not_only_its_version(tmp_path, monkey
     (package / "sub" / "step.py").write_text("RULE = 2\n")
     source_digest.cache_clear()
     assert source_digest(("fakepkg",)) != before
-    assert cache_versions()["temper-ml source"] == source_digest()  # the installed temper's, in every key
+    assert cache_versions()["temper-ml source"] == source_digest()  # the installed temper's
+
+
+@pytest.mark.slow
+def test_a_step_built_by_other_temper_source_is_built_again(temper, digits_dir, isolated_cache, monkeypatch):
+    import temper.pipeline.cache as cache
+
+    def steps() -> int:
+        return len(list(isolated_cache.glob("*/*/meta.json")))  # one folder per step key
+
+    recipe = digits_dir / "digits-cnn.yaml"
+    assert temper("check", recipe).code == 0  # builds the baseline's steps
+    built = steps()
+    assert built and temper("check", recipe).code == 0 and steps() == built  # the same source: cached
+    monkeypatch.setattr(cache, "source_digest", lambda: "another commit's source")
+    assert temper("check", recipe).code == 0 and steps() == 2 * built  # every step built again

@@ -31,7 +31,7 @@ from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import OptionError, StepFailed, first_line
-from temper.artifacts.host import profile, usable_cores
+from temper.artifacts.host import profile
 from temper.artifacts.integrity import content_digests
 from temper.artifacts.onnx_io import Batch
 from temper.pipeline.step_options import QuantizeOptions
@@ -113,12 +113,11 @@ def prepare(src: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Pa
 def _calibrated_from(model: Path, options: QuantizeOptions, feeds: list[Batch]) -> dict[str, Any]:
     """What a calibration depends on: the model's bytes, the calibration options (weight settings such
     as per_channel never enter it), the data and how it is split into calls, and the host's kernels."""
-    host = profile()
     return {"model": content_digests(model, onnx_io.load_structure(model)), "method": options.calibration,
             "num_bins": options.num_bins, "percentile": options.percentile,
             "symmetric": options.symmetric_activations, "op_types": op_types(options),
             "rows_per_call": CALIBRATION_ROWS_PER_CALL, "data": onnx_io.fingerprint(feeds),
-            "host": [host.cpu, host.arch, host.features, usable_cores()]}
+            "host": profile().kernels()}
 
 
 def _calibrate(model: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Path, large: bool,

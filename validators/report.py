@@ -216,7 +216,11 @@ def _session_section(report: Report) -> list[str]:
              "| model | provider | setting | changes | verdict | speedup by batch |", "|---|---|---|---|---|---|"]
     for name, searches in report.session_searches.items():
         for search in searches:
-            took = f"search took {search.seconds:.1f} s" + (" (cached: reused)" if search.cached else "")
+            took = f"search took {search.seconds:.1f} s of {search.budget_s:g} s" + (
+                " (cached: reused)" if search.cached else "")
+            if search.cut_short:
+                took += (f"; the budget cut the rounds short at batch {', '.join(map(str, search.cut_short))}: "
+                         f"raise session_search_s to about {search.enough_s:g}")
             lines.append(f"| {name} | {search.provider} | default | — | "
                          f"{'kept' if search.kept == 'default' else '—'} | {took} |")
             for trial in search.trials:

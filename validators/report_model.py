@@ -302,9 +302,15 @@ class SessionSearch(_Model):
     settings: dict[str, Any] = Field(description="the kept settings: what the model's figures were measured with")
     ranking_batch_size: int = Field(ge=1, description="where a row must be faster on its interval to be kept")
     confidence: float = Field(gt=0, lt=1)
-    budget_s: float = Field(gt=0, description="validate.throughput.session_search_s: the timed seconds it aims at (a "
-                                                 "batch longer than a slice still gets one warm-up and one timed call)")
+    budget_s: float = Field(gt=0, description="validate.throughput.session_search_s: the search's wall time at most, "
+                                                 "building its sessions included (one round at each batch size always "
+                                                 "runs)")
     seconds: float = Field(ge=0, description="the search's wall time when it ran (a cached one: the original's)")
+    cut_short: list[int] = Field(default_factory=list,
+                                 description="batch sizes where the budget stopped the rounds before the rule did "
+                                             "(undecided rows keep the default)")
+    enough_s: float | None = Field(None, ge=0, description="with cut_short: about the budget that would give every "
+                                                           "setting 5 rounds at each batch size")
     cached: bool = Field(description="reused from an earlier run's search of the same model on this host")
     load: Load | None = Field(description="what else ran during the search's last batch size")
     trials: list[SettingTrial]

@@ -5,13 +5,15 @@ the session settings search (validators/session_search.py) compares each setting
 the same way: sessions built once, each model or setting timed in slices that take turns in an order rotating
 every round, so a burst of load hits all alike; the round's ratio to the reference is one paired
 observation for validators/speedup.py's interval. After ROUNDS rounds, only the reference and those
-still undecided go on, round by round, up to a bound.
+still undecided go on, round by round, up to a bound; with a deadline (the session search's budget), no
+round starts that the last one's length says would end past it.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +35,8 @@ class Bench:
     reference: str  # the key every ratio is taken over
     slices: dict[str, dict[int, Measurement]]  # key -> round -> slice
     load: Load | None = None
+    round_s: list[float] = field(default_factory=list)  # each round's wall time, in order
+    cut_short: bool = False  # the deadline stopped the rounds before the rule did
 
     def ratios(self, name: str) -> list[float]:
         """Paired per-round ratios: `name`'s slice over the reference's slice of the same round."""
@@ -50,11 +54,13 @@ class Bench:
 
 @dataclass(frozen=True)
 class Timing:
-    """How one bench is timed: the slice, the first slice's warm-up, and the most rounds."""
+    """How one bench is timed: the slice, the first slice's warm-up, the most rounds, and the
+    time.perf_counter() after which no round may end (None: the rounds alone bound it)."""
 
     slice_s: float
     warmup_s: float
     most_rounds: int
+    deadline: float | None = None
 
 
 def interleave(bench: Bench, sessions: dict[str, Session], paths: dict[str, tuple[Path, str]],
@@ -64,18 +70,24 @@ def interleave(bench: Bench, sessions: dict[str, Session], paths: dict[str, tupl
     """Time every session of `sessions` (the reference first; `paths`: each key's model and engine, a
     provider of artifacts/providers.py) in rotating rounds into `bench`: ROUNDS
     rounds, then the reference and each `undecided(bench, name)` one, until none is or `most_rounds`
-    ran. `more(bench, next_round, names)` hears each extra round before it runs."""
+    ran, or until the next round, as long as the last one, would end past `timing.deadline` (the first
+    round always runs). `more(bench, next_round, names)` hears each extra round before it runs."""
     meter = LoadMeter()
     active = list(sessions)
     graphs = {path: load_structure(path) for path, _ in paths.values()}  # read once, not once a slice
     feeds = {name: batch_of(graphs[paths[name][0]], sample, bench.batch_size, layout) for name in sessions}
     for round_ in range(timing.most_rounds):
+        began = time.perf_counter()
+        if round_ and timing.deadline is not None and began + bench.round_s[-1] > timing.deadline:
+            bench.cut_short = True
+            break
         shift = round_ % len(active)
         for name in active[shift:] + active[:shift]:
             warmup = timing.warmup_s if round_ == 0 else min(timing.warmup_s, SLICE_WARMUP_S)
             path, engine = paths[name]
             bench.slices[name][round_] = measure(path, sample, bench.batch_size, engine, timing.slice_s, warmup,
                                                  session=sessions[name], layout=layout, feed=feeds[name])
+        bench.round_s.append(time.perf_counter() - began)
         if round_ + 1 < ROUNDS:
             continue
         still = [name for name in active if name != bench.reference and undecided(bench, name)]

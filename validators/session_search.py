@@ -11,6 +11,12 @@ at every measured batch size. A row is kept when its speedup interval over the d
 ranks) and below 1.0 at none; of those, the fastest at the ranking size. Otherwise the default stays:
 a setting is never chosen on a point estimate, nor where its own interval says it is slower anywhere.
 
+The budget (`session_search_s`) bounds the search's wall time, building its sessions included: each batch
+size gets an equal share of what is left when its turn comes, and no round starts that would end past it
+(the first round at each size always runs). Slices are sized so that every round fits when calls are
+short; a model whose calls are long gets fewer rounds, and rows the budget leaves undecided keep the
+default. The record says where the budget cut the rounds short and about what budget would not have.
+
 The kept session is then the one the speed gates measure, report.json's figures record (read back from
 the session) and runtime.json serves: one session from search to server. The result is cached by the
 pipeline (a record keyed by the model's bytes, the host profile, the table and the budget), so a second
@@ -152,15 +158,22 @@ def search(path: Path, plan: Plan, sample: dict[str, np.ndarray], layout: Layout
     settings = {DEFAULT: default, **{row.name: row.apply(default) for row in rows}}
     progress(f"session search › {name} on {plan.provider}: {', '.join(settings)}")
     sessions = {key: session_for(path, plan.provider, value) for key, value in settings.items()}
-    slice_s = plan.budget_s / (len(plan.batch_sizes) * len(sessions) * MOST_ROUNDS)
-    timing = Timing(slice_s, min(plan.warmup_s, slice_s), MOST_ROUNDS)
+    built_s = time.perf_counter() - began
+    # A slice is a warm-up and a timed stretch of slice_s each: MOST_ROUNDS of every setting then fit.
+    slice_s = plan.budget_s / (2 * len(plan.batch_sizes) * len(sessions) * MOST_ROUNDS)
     paths = dict.fromkeys(sessions, (path, plan.provider))
 
     def undecided(bench: Bench, key: str) -> bool:
         return estimate(bench.ratios(key), plan.confidence).decide(1.0) == "undecided"
 
-    benches = [interleave(Bench(size, DEFAULT, {key: {} for key in sessions}), sessions,
-                          paths, sample, layout, timing, undecided) for size in plan.batch_sizes]
+    benches = []
+    for done, size in enumerate(plan.batch_sizes):
+        now = time.perf_counter()
+        share = (began + plan.budget_s - now) / (len(plan.batch_sizes) - done)
+        timing = Timing(slice_s, min(plan.warmup_s, slice_s), MOST_ROUNDS, deadline=now + share)
+        benches.append(interleave(Bench(size, DEFAULT, {key: {} for key in sessions}), sessions,
+                                  paths, sample, layout, timing, undecided))
+    cut = [b.batch_size for b in benches if b.cut_short]
     trials = [Trial(row, settings[row.name].model_dump(),
                     {b.batch_size: estimate(b.ratios(row.name), plan.confidence) for b in benches}) for row in rows]
     best = choose(trials, ranking)
@@ -169,13 +182,22 @@ def search(path: Path, plan: Plan, sample: dict[str, np.ndarray], layout: Layout
         "provider": plan.provider, "default": default.model_dump(), "kept": kept,
         "settings": settings[kept].model_dump(), "ranking_batch_size": ranking, "confidence": plan.confidence,
         "budget_s": plan.budget_s, "seconds": round(time.perf_counter() - began, 3), "cached": False,
+        "cut_short": cut, "enough_s": _enough_s(built_s, benches) if cut else None,
         "load": benches[-1].load.as_dict() if benches[-1].load else None,
         "trials": [_trial(t, ranking, t is best) for t in trials],
     }
     if records is not None:
         records.put(parts, record)
-    progress(f"session search › {name} on {plan.provider}: kept {kept}")
+    progress(f"session search › {name} on {plan.provider}: kept {kept}" + (
+        f" (the {plan.budget_s:g} s budget cut the rounds short at batch {', '.join(map(str, cut))}: "
+        f"session_search_s: {record['enough_s']:g} would give every setting {ROUNDS} rounds)" if cut else ""))
     return Found(sessions[kept], record)
+
+
+def _enough_s(built_s: float, benches: list[Bench]) -> float:
+    """About the budget that gives every setting ROUNDS rounds at each batch size: the sessions' build and
+    ROUNDS rounds as long as the ones measured, rounded up to whole seconds."""
+    return float(np.ceil(built_s + sum(ROUNDS * float(np.mean(b.round_s)) for b in benches)))
 
 
 def sessions_for(models: dict[str, Path], plan: Plan, enabled: bool, sample: dict[str, np.ndarray], layout: Layout,

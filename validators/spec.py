@@ -160,9 +160,9 @@ class ThroughputSpec(Strict):
                            "default lies above 1.0; cached per model and host")
     session_search_s: float = Field(
         4.0, gt=0, allow_inf_nan=False,
-        description="timed seconds of the session settings search per model and provider, every setting and batch "
-                    "size together (building sessions and warm-up come on top, and a batch longer than a slice still "
-                    "gets one warm-up and one timed call: docs/recipes.md)")
+        description="wall-clock seconds of the session settings search per model and provider at most, building "
+                    "its sessions and every setting and batch size together (one round at each batch size always "
+                    "runs; rows the budget leaves undecided keep the default: docs/recipes.md)")
 
     @model_validator(mode="after")
     def _gated_sizes(self) -> ThroughputSpec:

@@ -55,9 +55,18 @@ def test_candidate_table_rows():
 def test_session_settings_section_shows_each_row_its_verdict_and_intervals():
     lines = markdown(sample_report()).splitlines()
     section = lines[lines.index("## Session settings"):]
-    assert "| baseline | cpu | default | — | — | search took 5.2 s |" in section
+    assert "| baseline | cpu | default | — | — | search took 5.2 s of 4 s |" in section
     assert "| baseline | cpu | one-thread | intra_op_threads: 1 | kept | b8 1.40x [1.20, 1.60] |" in section
     assert "| baseline | cpu | extended | graph_optimization: extended | slower | b8 0.50x [0.40, 0.60] |" in section
+
+
+def test_a_search_the_budget_cut_short_says_where_and_what_budget_would_do():
+    report = sample_report()
+    report["session_searches"]["baseline"][0].update(cut_short=[8], enough_s=31.0)
+    jsonschema.validate(report, SCHEMA)
+    lines = markdown(report).splitlines()
+    assert ("| baseline | cpu | default | — | — | search took 5.2 s of 4 s; the budget cut the rounds short at "
+            "batch 8: raise session_search_s to about 31 |") in lines
 
 
 def test_no_session_settings_section_without_a_search():

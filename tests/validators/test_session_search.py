@@ -98,6 +98,27 @@ def test_a_setting_identical_to_the_default_is_not_kept(mlp: Path) -> None:
     assert settings_of(found.session) == default_settings()
 
 
+def test_a_budget_too_small_for_the_rounds_cuts_them_short_keeps_the_default_and_says_what_would_do(
+        mlp: Path) -> None:
+    """A budget that one round at each batch size already spends: the rounds stop there (not at ROUNDS or
+    more), no row is kept on what little was timed, and the record names the batch sizes cut short and a
+    budget larger than the one given that would have let every row have its rounds."""
+    found = search(mlp, _plan(budget_s=1e-3), SAMPLE, AXIS0)
+    record = found.record
+    SessionSearch.model_validate(record)
+    assert record["cut_short"] == [1, 8]
+    assert all(s["rounds"] == 1 and s["interval"] is None for t in record["trials"] for s in t["speedups"])
+    assert record["kept"] == DEFAULT and all(t["verdict"] == "not faster" for t in record["trials"])
+    assert record["enough_s"] is not None and record["enough_s"] > record["budget_s"]
+    assert settings_of(found.session) == default_settings()
+
+
+def test_a_budget_the_rounds_fit_in_is_not_cut_short(mlp: Path) -> None:
+    record = search(mlp, _plan(budget_s=5.0), SAMPLE, AXIS0).record
+    assert record["cut_short"] == [] and record["enough_s"] is None
+    assert all(s["rounds"] >= session_search.ROUNDS for t in record["trials"] for s in t["speedups"])
+
+
 def test_a_second_search_on_this_host_reuses_the_record_and_times_nothing(mlp: Path, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     records = RecordStore(tmp_path / "records")

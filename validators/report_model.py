@@ -1,9 +1,10 @@
 """report.json, the CI contract, as pydantic models: what `temper run` / `temper validate` write and
 every reader (report.md, junit.xml, MLflow publishing, the benchmarks) reads through.
 
-validators/report.schema.json is generated from these models, never edited by hand:
+validators/report.schema.json is generated from these models (validators/report_schema.py), never
+edited by hand:
 
-    python -m temper.validators.report_model > validators/report.schema.json
+    python -m temper.validators.report_schema > validators/report.schema.json
 
 (tests/unit/test_report_schema.py fails when the shipped file differs from the models.) Field order
 is the order report.json is written in. A change to what is written is a change to the contract:
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from pydantic.json_schema import GenerateJsonSchema
 
 from temper.artifacts.host import HostProfile
 from temper.artifacts.openvino_session import OpenVinoSettings
@@ -169,6 +169,13 @@ class NodeSensitivity(_Model):
     accumulated_db: float | None
 
 
+class SameGraph(_Model):
+    """A node set the fallback put in float that wrote an earlier trial's graph byte for byte."""
+
+    float_nodes: list[str]
+    trial: int = Field(ge=0, description="index of the trial whose graph it wrote")
+
+
 class Tuning(_Model):
     """The quantize fallback (tuning.json): every trial, and the SQNR ranking (most harmful first)."""
 
@@ -187,6 +194,9 @@ class Tuning(_Model):
                                                       "step's own)")
     configurations: list[Configuration] = Field(description="configurations tried before any node went float")
     trials: list[Trial] = Field(min_length=1)
+    same_graph: list[SameGraph] = Field(default_factory=list,
+                                        description="node sets that wrote a trial's graph again: that trial, not a "
+                                                    "new one (max_trials counts distinct models)")
     ranking: list[NodeSensitivity]
 
 
@@ -372,25 +382,3 @@ def dumps(report: Report) -> str:
 def load(path: Path) -> Report:
     """A report.json as written by `dumps`; pydantic.ValidationError when it is not one."""
     return Report.model_validate(json.loads(path.read_text()))
-
-
-class _NoFieldTitles(GenerateJsonSchema):
-    """Leave out the "title" pydantic derives from every field's name: it repeats the key."""
-
-    def field_title_should_be_set(self, schema: Any) -> bool:
-        return False
-
-
-def report_schema() -> dict[str, Any]:
-    """The JSON Schema of report.json (draft 2020-12)."""
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            **Report.model_json_schema(schema_generator=_NoFieldTitles)}
-
-
-def schema_text() -> str:
-    """validators/report.schema.json's text."""
-    return json.dumps(report_schema(), indent=2) + "\n"
-
-
-if __name__ == "__main__":
-    print(schema_text(), end="")

@@ -45,12 +45,13 @@ def _float_nodes(model: Path) -> frozenset[str]:
 
 def _search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ranking: list[str], scorer: DataScorer, *,
             max_trials: int = 12, refine: int = 0, keep_float: list[str] | None = None,
-            blocks: dict[str, str] | None = None,
-            prepare: fallback.Prepare | None = None) -> tuple[dict[str, Any], list[str]]:
+            blocks: dict[str, str] | None = None, prepare: fallback.Prepare | None = None,
+            no_op: frozenset[str] = frozenset()) -> tuple[dict[str, Any], list[str]]:
     """Run `fallback.tune` with fakes for the rewrite and the SQNR ranking; return tuning.json and the output's
-    float nodes."""
-    monkeypatch.setattr(fallback.quantize_static, "write",
-                        lambda prepared, path, options, nodes: Path(path).write_text(json.dumps(sorted(nodes))))
+    float nodes. Nodes of `no_op` leave the written graph as it is (a MaxPool behind a float Relu)."""
+    monkeypatch.setattr(fallback.quantize_static, "write", lambda prepared, path, options, nodes: Path(path).write_text(
+        json.dumps(sorted(set(nodes) - no_op))))
+    monkeypatch.setattr(fallback, "graph_digest", lambda path: (Path(path).read_text(),))
     ranked = [NodeSensitivity(n, "Conv", (blocks or {}).get(n, ""), -float(i), None) for i, n in enumerate(ranking)]
     monkeypatch.setattr(fallback.sensitivity, "rank", lambda prepared, options, feeds, scratch, **_: ranked)
     monkeypatch.setattr(fallback.quantize_static, "unbinnable", lambda prepared, method: None)  # no ranges here
@@ -148,6 +149,18 @@ def test_among_passing_trials_the_most_quantized_then_the_most_faithful_then_the
     assert tuner.best().cosine == 0.985
     tuner.trials = [trial([], False, drop=0.3), trial(["a"], False, drop=0.1), trial(["a", "b"], False, drop=0.2)]
     assert tuner.best().float_nodes == ["a"]  # none passed: the smallest drop
+
+
+def test_a_node_set_that_writes_a_graph_tried_already_is_that_trial_and_spends_no_trial(monkeypatch, tmp_path):
+    """n1 in float changes nothing once n0 is (it has no Q/DQ of its own left): top-2 writes top-1's graph, so
+    the search goes on to top-4 within the same max_trials, and no two trials are the same model."""
+    harm = {"n0": 0.004, "n2": 0.004, "n3": 0.004, "n4": 0.004}
+    record, kept = _search(monkeypatch, tmp_path, NODES, DataScorer(harm), max_trials=3, no_op=frozenset({"n1"}))
+    assert _sizes(record) == [("plain", 0), ("cumulative", 1), ("cumulative", 4)]
+    assert record["met"] and kept == ["n0", "n2", "n3"]
+    assert record["same_graph"] == [{"float_nodes": ["n0", "n1"], "trial": 1}]
+    written = [sorted(set(t["float_nodes"]) - {"n1"}) for t in record["trials"]]
+    assert len({tuple(w) for w in written}) == len(written)
 
 
 def test_recipe_float_nodes_are_never_searched_but_always_kept(monkeypatch, tmp_path):

@@ -10,14 +10,15 @@ import jsonschema
 import pytest
 from pydantic import ValidationError
 
-from temper.validators.report_model import Report, dumps, report_schema, schema_text
+from temper.validators.report_model import Report, dumps
+from temper.validators.report_schema import report_schema, schema_text
 from tests.unit.reports import SCHEMA, SCHEMA_FILE, sample_report
 
 
 def test_the_shipped_schema_is_the_generated_one():
     assert SCHEMA_FILE.read_text() == schema_text(), (
         "validators/report.schema.json is stale: "
-        "python -m temper.validators.report_model > validators/report.schema.json")
+        "python -m temper.validators.report_schema > validators/report.schema.json")
 
 
 def test_the_schema_is_a_valid_draft_2020_12_schema():

@@ -9,7 +9,9 @@ calibration batches); optionally each top suspect alone in float, measured with 
 to re-rank them; then the top 1, 2, 4, ... nodes together until the budget holds, and a bisection
 back down so as few nodes as possible stay float (each float island costs Q/DQ transitions). A block
 (a repeated module such as `layer.3`) that is mostly float goes float whole. Every trial reuses one
-calibration, so a trial costs one graph rewrite and one evaluation.
+calibration, so a trial costs one graph rewrite and one evaluation. A node set whose graph is byte for
+byte one tried already (a MaxPool behind a Relu already in float has no Q/DQ of its own to drop) is
+that trial again, not a new one: max_trials counts distinct models.
 
 The floor: a trial that would leave fewer quantized compute nodes (the graph census) than
 `min_quantized` of the plain model's is never scored, so the budget can never be "met" by putting the
@@ -33,7 +35,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from temper.artifacts.errors import StepFailed
+from temper.artifacts.integrity import content_digests
 from temper.artifacts.layout import AXIS0, Layout
 from temper.artifacts.onnx_io import Batch
 from temper.pipeline.cache import TUNING_FILE
@@ -100,7 +105,8 @@ def tune(prepared: quantize_static.Prepared, dst: Path, options: QuantizeOptions
         "met": best.passed, "best": tuner.trials.index(best), "max_trials": options.fallback.max_trials,
         "min_quantized": options.fallback.min_quantized, "floor": tuner.floor, "floor_reached": tuner.floor_reached,
         "configuration": tuner.configuration, "configurations": tuner.configurations,
-        "trials": [asdict(t) for t in tuner.trials], "ranking": [r.as_dict() for r in ranking],
+        "trials": [asdict(t) for t in tuner.trials], "same_graph": tuner.same_graph,
+        "ranking": [r.as_dict() for r in ranking],
     }
     (dst.parent / TUNING_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
@@ -134,6 +140,11 @@ def _key(configuration: dict[str, Any]) -> str:
     return json.dumps(configuration, sort_keys=True)
 
 
+def graph_digest(path: Path) -> tuple[str, ...]:
+    """A trial file's sha256, and its external data's: node sets that write the same bytes are one model."""
+    return tuple(content_digests(path, onnx.load(str(path), load_external_data=False)))
+
+
 def count_quantized(path: Path) -> int:
     """Quantized compute nodes in the graph at `path` (the census), what the floor counts."""
     return of_file(path).quantized
@@ -146,6 +157,8 @@ class _Tuner:
         self.scorer, self.path, self.progress = scorer, path, progress
         self.trials: list[Trial] = []
         self.tried: dict[frozenset[str], Trial | None] = {}
+        self.graphs: dict[tuple[str, ...], Trial] = {}  # each trial by its graph's bytes (graph_digest)
+        self.same_graph: list[dict[str, Any]] = []  # node sets that wrote a trial's graph again
         self.configuration: dict[str, Any] = {}  # the changes the trials now quantize with
         self.setups = {_key({}): Setup(prepared, options, keep_float)}
         self.configurations: list[dict[str, Any]] = []  # each configuration round: changes and its score
@@ -174,6 +187,13 @@ class _Tuner:
             return self.tried[key]
         assert self.options.fallback is not None
         quantize_static.write(self.prepared, self.path, self.options, sorted({*self.keep_float, *nodes}))
+        digest = graph_digest(self.path)
+        if (same := self.graphs.get(digest)) is not None:
+            self.tried[key] = same
+            self.same_graph.append({"float_nodes": sorted(nodes), "trial": self.trials.index(same)})
+            self.progress(f"fallback: {len(nodes)} nodes in float write trial {self.trials.index(same) + 1}'s graph "
+                          "byte for byte: not a new trial")
+            return same
         quantized = count_quantized(self.path)
         if not self.trials:  # the plain model: nothing quantized is a failed build, not a trial
             if not quantized:
@@ -192,7 +212,7 @@ class _Tuner:
         trial = Trial(kind, sorted(nodes), score.metric, score.drop, score.cosine, self.scorer.speed(self.path), passed,
                       quantized, self.configuration)
         self.trials.append(trial)
-        self.tried[key] = trial
+        self.tried[key] = self.graphs[digest] = trial
         self.progress(f"fallback trial {self.spent} of {self._max_trials}: {len(nodes)} nodes "
                       f"in float, {quantized} quantized nodes left, {self.scorer.metric} drop {score.drop:.4f} "
                       f"({'meets' if passed else 'misses'} {self.scorer.allowed_drop:.4f})")

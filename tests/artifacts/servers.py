@@ -54,20 +54,28 @@ def _tiny_model(path: Path, seed: int = 0) -> Path:
     return path
 
 
-def _slow_model(path: Path) -> Path:
-    """y = sum(relu(tile(x) @ W) chained 24 times): a few milliseconds per row, for queueing tests."""
+def _slow_model(path: Path, inner: int = 1) -> Path:
+    """y = sum(relu(tile(x) @ W) chained 24 times): a few milliseconds per row, for queueing tests; each row
+    tiled into `inner` rows of that work first, for a single row that takes most of a second."""
     rng = np.random.default_rng(1)
     w = numpy_helper.from_array((rng.standard_normal((1024, 1024)) / 32).astype(np.float32), "W")
-    repeats = numpy_helper.from_array(np.array([1, 256], dtype=np.int64), "repeats")
+    repeats = numpy_helper.from_array(np.array([inner, 256], dtype=np.int64), "repeats")
     axes = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")
+    shape = numpy_helper.from_array(np.array([-1, inner], dtype=np.int64), "shape")
     nodes = [helper.make_node("Tile", ["x", "repeats"], ["h0"])]
     for i in range(24):
         nodes += [helper.make_node("MatMul", [f"h{i}", "W"], [f"m{i}"]),
                   helper.make_node("Relu", [f"m{i}"], [f"h{i + 1}"])]
-    nodes.append(helper.make_node("ReduceSum", ["h24", "axes"], ["y"], keepdims=1))
+    if inner == 1:
+        nodes.append(helper.make_node("ReduceSum", ["h24", "axes"], ["y"], keepdims=1))
+    else:  # a row's `inner` sums, summed back into one per row
+        nodes += [helper.make_node("ReduceSum", ["h24", "axes"], ["s"], keepdims=1),
+                  helper.make_node("Reshape", ["s", "shape"], ["r"]),
+                  helper.make_node("ReduceSum", ["r", "axes"], ["y"], keepdims=1)]
     graph = helper.make_graph(
         nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])], [w, repeats, axes],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
+        [w, repeats, axes] + ([shape] if inner > 1 else []),
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     return path

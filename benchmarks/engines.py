@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/engines.py [--models digits,minilm,resnet18] [--out-base DIR]
                                            [--duration SECONDS] [--samples N] [--session-search]
+                                           [--session-search-s SECONDS]
 
 For each model a recipe is generated (written to OUT_BASE/<model>.yaml, paths absolute) with the same
 four candidates and `validate.throughput.providers: [cpu, openvino]`, plus `openvino-bf16` where the
@@ -146,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--session-search", action="store_true",
                         help="set validate.throughput.session_search: each model's session settings searched "
                              "before the gates (validators/session_search.py), and a table of what was kept")
+    parser.add_argument("--session-search-s", type=float, default=None, metavar="SECONDS",
+                        help="with --session-search: validate.throughput.session_search_s, the search's wall "
+                             "time per model and engine at most (temper's default 4 s decides little for MiniLM)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODELS]
@@ -155,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--duration must be more than 0 seconds, got {args.duration}")
     if args.samples is not None and args.samples < 1:
         parser.error(f"--samples must be at least 1, got {args.samples}")
+    if args.session_search_s is not None and (not args.session_search or args.session_search_s <= 0):
+        parser.error(f"--session-search-s needs --session-search and more than 0 seconds, got {args.session_search_s}")
     temper = _temper()
     if temper is None:
         print("error: no `temper` command next to this Python or on PATH", file=sys.stderr)
@@ -172,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             recipe["validate"]["throughput"]["duration_s"] = args.duration
         if args.session_search:
             recipe["validate"]["throughput"]["session_search"] = True
+            if args.session_search_s is not None:
+                recipe["validate"]["throughput"]["session_search_s"] = args.session_search_s
         if args.samples is not None:
             recipe["data"]["evaluation"]["samples"] = args.samples
         path = base / f"{name}.yaml"
@@ -299,7 +307,8 @@ def searched(report: Report) -> list[str]:
             kept = next((t for t in s.trials if t.name == s.kept), None)
             slower = [f"b{u.batch_size}" for u in (kept.speedups if kept else []) if u.interval and u.interval[1] < 1.0]
             flag = "default kept" if kept is None else ("**yes: " + ", ".join(slower) + "**" if slower else "no")
-            took = f" ({s.seconds:.1f} s{', cached' if s.cached else ''})"
+            took = f" ({s.seconds:.1f} s of {s.budget_s:g}{', cached' if s.cached else ''}" + (
+                f"; cut short at b{', b'.join(map(str, s.cut_short))}" if s.cut_short else "") + ")"
             lines.append(f"| {model} | {s.provider} | {s.kept}{took} | {rows or 'no rows'} | {flag} |")
     return lines
 

@@ -3,6 +3,7 @@ the one way tests read a written report.json: checked against the shipped schema
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,8 @@ DEFAULT_SETTINGS = {"intra_op_threads": 2, "spinning": False, "graph_optimizatio
 SESSION_SEARCH = {  # the baseline searched on cpu: one thread faster on its interval, extended slower at batch 1
     "provider": "cpu", "default": DEFAULT_SETTINGS, "kept": "one-thread",
     "settings": {**DEFAULT_SETTINGS, "intra_op_threads": 1}, "ranking_batch_size": 8, "confidence": 0.95,
-    "budget_s": 4.0, "seconds": 5.2, "cached": False, "load": {"load_1m": 1.2, "steal_pct": 0.0, "busy_pct": 99.0},
+    "budget_s": 4.0, "seconds": 5.2, "cut_short": [], "enough_s": None, "cached": False,
+    "load": {"load_1m": 1.2, "steal_pct": 0.0, "busy_pct": 99.0},
     "trials": [
         {"name": "one-thread", "changes": {"intra_op_threads": 1},
          "settings": {**DEFAULT_SETTINGS, "intra_op_threads": 1}, "verdict": "kept",
@@ -86,7 +88,7 @@ def sample_report() -> dict[str, Any]:
         },
         "not_built": {},
         "select": "fastest-passing", "selected": "baseline", "selected_engine": "cpu", "selected_pair": "baseline",
-        "passed": False, "searches": {}, "session_searches": {"baseline": [SESSION_SEARCH]},
+        "passed": False, "searches": {}, "session_searches": {"baseline": [copy.deepcopy(SESSION_SEARCH)]},
         "host": {"cpu": "Test CPU 9000", "arch": "x86_64", "features": ["avx512_vnni", "avx2"], "features_known": True,
                  "usable_cores": 2, "logical_cpus": 4, "memory_gib": 7.5, "onnxruntime": "1.32.0",
                  "providers": ["CPUExecutionProvider"], "gpus": [{"name": "Test GPU", "compute_capability": "9.0"}],

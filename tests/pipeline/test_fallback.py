@@ -143,8 +143,7 @@ def test_on_minilm_plain_static_int8_misses_the_budget_and_the_fallback_meets_it
 def test_refine_measures_each_top_suspect_alone_before_accumulating(temper, gated_digits, tmp_path):
     _unreachable_budget(gated_digits, fallback={"max_trials": 4, "refine": 2})
     out = tmp_path / "out"
-    result = temper("run", gated_digits, "--output", out, "--require", "int8-static")
-    assert result.code == 1
+    assert temper("run", gated_digits, "--output", out, "--require", "int8-static").code == 1
     tuning = read_report(out)["candidates"]["int8-static"]["tuning"]
     trials, ranking = tuning["trials"], [r["node"] for r in tuning["ranking"]]
     assert [t["kind"] for t in trials] == ["plain", "refine", "refine", "cumulative"]

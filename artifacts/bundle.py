@@ -22,11 +22,10 @@ import numpy as np
 import onnx
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
+from temper.artifacts.engines import Settings
+from temper.artifacts.engines.providers import Provider
 from temper.artifacts.host import HostProfile
 from temper.artifacts.layout import Layout, default_axes
-from temper.artifacts.openvino_session import OpenVinoSettings
-from temper.artifacts.providers import Provider
-from temper.artifacts.session import SessionSettings
 
 MODEL = "model.onnx"
 CONFIG = "runtime.json"
@@ -84,7 +83,7 @@ class ServingConfig(BaseModel):
                     "on: openvino / openvino-bf16 run OpenVINO's CPU plugin; null or an ONNX Runtime row: the best "
                     "ONNX Runtime provider this host really runs (TensorRT, else CUDA, else CPU)",
     )
-    session: SessionSettings | OpenVinoSettings | None = Field(
+    session: Settings | None = Field(
         None,
         description="the engine settings the speed gates measured this model with (ONNX Runtime's threads chosen "
                     "there, or OpenVINO's precision, threads, streams and hint, read back); serving runs exactly "

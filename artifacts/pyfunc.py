@@ -30,16 +30,13 @@ from mlflow.models.model import ModelInfo
 from mlflow.pyfunc.model import PythonModel, PythonModelContext
 from mlflow.types import Schema, TensorSpec
 
+from temper.artifacts import engines
 from temper.artifacts.bundle import ServingConfig, example_inputs, read
 from temper.artifacts.integrity import Mismatch, check_bundle
 from temper.artifacts.layout import to_axis
-from temper.artifacts.providers import PROVIDERS
 from temper.artifacts.runtime import RequestError, Runtime
 
 REQUIREMENTS = ("onnxruntime", "numpy", "pandas", "mlflow", "onnx", "pydantic", "psutil", "platformdirs")
-# What a bundle's engine needs beyond REQUIREMENTS (artifacts/providers.py's `engine` of its row): a model
-# selected on OpenVINO requires the openvino the gates ran it on, and only that model does.
-ENGINE_REQUIREMENTS: dict[str, tuple[str, ...]] = {"onnxruntime": (), "openvino": ("openvino",)}
 EXAMPLE_DYNAMIC_DIM = 8
 
 
@@ -150,11 +147,12 @@ def input_example(config: ServingConfig) -> dict[str, np.ndarray]:
     return example_inputs(config, 1, EXAMPLE_DYNAMIC_DIM)
 
 
-def pinned_requirements(engine: str = "onnxruntime") -> list[str]:
-    """The installed versions the model was verified with, with what its engine kind needs
-    (ENGINE_REQUIREMENTS); onnxruntime-gpu stands in for onnxruntime on hosts that have it instead."""
+def pinned_requirements(row: str = "cpu") -> list[str]:
+    """The installed versions the model was verified with, with the packages the runtime of its row needs
+    (a model selected on OpenVINO requires the openvino the gates ran it on, and only that model does);
+    onnxruntime-gpu stands in for onnxruntime on hosts that have it instead."""
     pins = []
-    for package in (*REQUIREMENTS, *ENGINE_REQUIREMENTS[engine]):
+    for package in (*REQUIREMENTS, *engines.of(row).packages):
         candidates = ("onnxruntime-gpu", package) if package == "onnxruntime" else (package,)
         for candidate in candidates:
             try:
@@ -179,7 +177,7 @@ def log_bundle(bundle: Path, name: str = "model") -> ModelInfo:
             code_paths=[str(code)],
             signature=signature(config),
             input_example=input_example(config),
-            pip_requirements=pinned_requirements(PROVIDERS[config.engine or "cpu"].engine),
+            pip_requirements=pinned_requirements(config.engine or "cpu"),
         )
 
 

@@ -5,14 +5,14 @@ never pipeline/, calibration/ or validators/.
 
 Runtime is the one object the servers and the pyfunc model hold. It checks each request against
 the bundle's config and ties together the parts that live in their own modules: the engine and
-its sessions (artifacts/engines.py), the batcher and its batching rule (artifacts/batcher.py) and
+its sessions (artifacts/engines/), the batcher and its batching rule (artifacts/batcher.py) and
 the request counters (artifacts/counters.py). The exceptions it raises are in artifacts/errors.py
 and importable from here, where callers have always found them.
 
-The session is built from runtime.json's `session` (artifacts/session.py), the settings the speed
+The session is built from runtime.json's `session` (artifacts/engines/onnxruntime.py), the settings the speed
 gates measured the model with, threads included. Only without them (nothing was measured), or on a
 host with fewer usable cores than they name (logged), does start-up choose the thread count itself,
-the way the gates did (engines.choose_threads). A model whose batch-1 run is shorter than
+the way the gates did (engines.threads.choose_threads). A model whose batch-1 run is shorter than
 INLINE_MAX_MS may run a lone request on the caller's thread (see artifacts/batcher.py).
 
 Instances (Triton's instance_group count): with `instances` 0 the session runs in this process, as
@@ -36,17 +36,16 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
 from temper.artifacts import engines, layout, versions
 from temper.artifacts.batcher import Batcher, abandon, pad_length
 from temper.artifacts.bundle import MODEL, ServingConfig, check_describes, example_inputs, read
 from temper.artifacts.counters import OTHER, Counters
+from temper.artifacts.engines import Engine, EngineSettings, Session, threads
+from temper.artifacts.engines.onnxruntime import SessionSettings
+from temper.artifacts.engines.providers import CPU, PROVIDERS, Provider
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.host import HostProfile, profile, usable_cores
-from temper.artifacts.openvino_session import OpenVinoSession, OpenVinoSettings
-from temper.artifacts.providers import CPU, PROVIDERS, Provider, is_openvino
-from temper.artifacts.session import SessionSettings
 from temper.artifacts.workers import WorkerPool
 
 __all__ = ["INLINE_MAX_MS", "Overloaded", "RequestError", "RequestTimeout", "Runtime", "Stopped"]
@@ -89,18 +88,16 @@ class Runtime:
         self.drift_warning: str | None = _drift_warning(self.config.gated_with)
         if self.drift_warning:
             log.warning("%s: %s", self.config.name, self.drift_warning)
-        self.settings, self._choose = _settings(self.config)  # start() chooses threads when _choose
-        self._session: ort.InferenceSession | OpenVinoSession | None
+        # the bundle's runtime, unless `providers` names ONNX Runtime providers to run on
+        self._runtime = engines.of(self.config.engine or "cpu" if providers is None else "cpu")
+        recorded, self._choose = _settings(self.config, self._runtime)  # start() chooses threads when _choose
+        self._session: Session | None
         self._providers: list[str] = []  # the providers the session really runs, which the workers are given
-        self._openvino: OpenVinoSettings | None = None  # an OpenVINO engine's settings, read back from it
         self.engine: Provider
-        if self.config.engine is not None and is_openvino(self.config.engine) and providers is None:
-            recorded = self.config.session if isinstance(self.config.session, OpenVinoSettings) else None
-            self._session = engines.load_openvino(self.bundle / MODEL, self.config.engine, recorded,
-                                                  usable_cores(), self.config.name)
-            self.engine, self._choose, self._openvino = self.config.engine, False, self._session.settings
-        else:
-            self._session, self.engine = engines.load(self.bundle / MODEL, providers, self.settings, self.config.name)
+        self.settings: EngineSettings  # what the model really runs with, read back where the runtime can
+        self._session, self.engine, self.settings = self._runtime.serve(
+            self.bundle / MODEL, self.config.engine if providers is None else None, recorded, providers,
+            self.config.name)
         self._output_names = [o.name for o in self._session.get_outputs()]
         self.batch1_ms: float | None = None  # median run of the smallest batch (1 unless fixed), timed by start()
         self.inline = False  # start() sets it when batch1_ms < INLINE_MAX_MS
@@ -112,24 +109,25 @@ class Runtime:
 
     @property
     def intra_op_threads(self) -> int:
-        return self._openvino.num_threads if self._openvino else self.settings.intra_op_threads
+        return self.settings.threads
 
     @property
-    def engine_settings(self) -> SessionSettings | OpenVinoSettings:
-        """What the model really runs with, read back: OpenVINO's compiled model, or the ONNX Runtime settings."""
-        return self._openvino or self.settings
+    def engine_settings(self) -> EngineSettings:
+        """What the model really runs with (OpenVINO's compiled model read back, or the ONNX Runtime settings)."""
+        return self.settings
 
     def _tune(self) -> None:
         """Time the smallest batch, and on the CPU engine, when runtime.json recorded no thread choice
-        this host can honour, choose the thread count as the speed gates do (engines.choose_threads).
+        this host can honour, choose the thread count as the speed gates do (threads.choose_threads).
         Then decide whether requests may run inline."""
         inputs = self._warmup_inputs(self._fixed_batch or 1)
-        if self.engine == "cpu" and self._choose and isinstance(self._session, ort.InferenceSession):
-            self._session, self.settings, times = engines.choose_threads(
+        assert self._session is not None, "_tune runs on this process's session"
+        if self.engine == "cpu" and self._choose and isinstance(self.settings, SessionSettings):
+            self._session, self.settings, times = threads.choose_threads(
                 self.bundle / MODEL, self._session, self.settings, inputs, [CPU])
             self.batch1_ms = min(times) * 1000
         else:
-            times = engines.median_runs_s([self._session], inputs)
+            times = threads.median_runs_s([self._session], inputs)
             self.batch1_ms = times[0] * 1000
         self.inline = self.batch1_ms < INLINE_MAX_MS
         log.info("%s: batch-1 run %s ms -> intra_op_threads=%d (%s), inline runs %s", self.config.name,
@@ -332,19 +330,19 @@ def default_instances(intra_op_threads: int, gpu: bool) -> int:
     return 1 if gpu else max(1, usable_cores() // intra_op_threads)
 
 
-def _settings(config: ServingConfig) -> tuple[SessionSettings, bool]:
-    """The session settings to start from, and whether start-up still has to choose the thread count:
-    runtime.json's as recorded, unless this host has fewer usable cores than they name (then all
-    usable cores, chosen again, with one log line); without any, all usable cores, chosen at start."""
+def _settings(config: ServingConfig, runtime: Engine) -> tuple[EngineSettings | None, bool]:
+    """The settings to start from, and whether start-up still has to choose the thread count:
+    runtime.json's as recorded for this runtime, unless this host has fewer usable cores than they name
+    (then all usable cores, chosen again, with one log line); without any, the runtime's defaults (all
+    usable cores), chosen at start."""
     cores = usable_cores()
-    recorded = config.session
-    if recorded is None or isinstance(recorded, OpenVinoSettings):  # an OpenVINO bundle's: engines.load_openvino
-        return SessionSettings(intra_op_threads=cores), True
-    if recorded.intra_op_threads > cores:
+    recorded = config.session if isinstance(config.session, runtime.settings) else None
+    if recorded is None:
+        return None, True
+    if recorded.threads > cores:
         log.warning("%s: runtime.json records %d intra-op threads, chosen where the speed gates measured, but this "
-                    "host has %d usable cores: choosing the thread count again", config.name,
-                    recorded.intra_op_threads, cores)
-        return recorded.model_copy(update={"intra_op_threads": cores}), True
+                    "host has %d usable cores: choosing the thread count again", config.name, recorded.threads, cores)
+        return recorded.with_threads(cores), True
     return recorded, False
 
 

@@ -45,23 +45,22 @@ import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import onnx
 
+from temper.artifacts import engines
 from temper.artifacts.bundle import CONFIG as BUNDLE_CONFIG
 from temper.artifacts.bundle import MODEL, ServingConfig, TensorSpec, read
+from temper.artifacts.engines.providers import Provider
 from temper.artifacts.folders import MARKER, is_marked, mark, replaceable
 from temper.artifacts.integrity import MANIFEST, REPORT
-from temper.artifacts.openvino_session import OpenVinoSettings
-from temper.artifacts.providers import PROVIDERS, is_openvino
-from temper.artifacts.session import SessionSettings
 
 CONFIG = "config.pbtxt"
 VERSION = "1"
 VERSION_NAME = re.compile(r"[1-9][0-9]*")  # a version folder Triton serves: a number without a leading 0
 BUNDLE_FILES = (BUNDLE_CONFIG, MANIFEST, REPORT)  # what makes a version folder a temper bundle beside the model
 PLAN = "model.plan"  # a TensorRT engine beside model.onnx; served instead of it when present
-OPENVINO_BACKEND = "openvino"  # Triton's OpenVINO backend: a bundle selected on an OpenVINO engine
 WARMUP_DIM = 8  # concrete size for dynamic non-batch dims (e.g. sequence length) in warm-up requests
 KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU")
 MODEL_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")  # a plain folder name Triton accepts; never `.git`, `..`
@@ -117,13 +116,16 @@ def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = 
     files = [bundle / PLAN] if plan else [bundle / MODEL, *_external_data(bundle)]
     files += [bundle / f for f in BUNDLE_FILES if (bundle / f).is_file() and (given is None or f != BUNDLE_CONFIG)]
     vouching = [evidence / f for f in (MANIFEST, REPORT)] if evidence is not None else []
-    if not plan and config.engine is not None and is_openvino(config.engine):
-        if kind == "KIND_GPU":
-            raise ValueError(f"{bundle} was selected on {config.engine}, OpenVINO's CPU engine; use KIND_CPU or "
-                             "KIND_AUTO")
-        text = _pbtxt(_model_config(config, OPENVINO_BACKEND, instances, "KIND_CPU"))
+    row: Provider = config.engine or "cpu"
+    if plan:
+        text = _pbtxt(_model_config(config, instances, kind, {"platform": "tensorrt_plan"}))
     else:
-        text = _pbtxt(_model_config(config, "tensorrt_plan" if plan else "onnxruntime_onnx", instances, kind))
+        runtime = engines.of(row)
+        try:
+            kind = runtime.triton_kind(row, kind)
+        except ValueError as err:
+            raise ValueError(f"{bundle} was {err}") from err
+        text = _pbtxt(_model_config(config, instances, kind, runtime.triton(row, config.session)))
 
     dest.mkdir(parents=True, exist_ok=True)
     staging = dest / f".{name}.partial"
@@ -221,10 +223,8 @@ def differences(config: ServingConfig) -> list[str]:
     reason = no_batching(config)
     if reason is not None:
         return [f"{reason}: max_batch_size, max_delay_ms, max_queue and timeout_s do not apply"]
-    found = []
-    if config.engine is not None and PROVIDERS[config.engine].precision == "f32":
-        found.append("Triton's OpenVINO backend has no setting that keeps the CPU in FP32: on a CPU with native "
-                     "BF16 (avx512_bf16, amx_bf16) it computes this FP32-gated model in BF16")
+    row: Provider = config.engine or "cpu"
+    found = engines.of(row).triton_differences(row)
     if config.max_delay_ms > 0:
         found.append(f"a lone request waits the full {config.max_delay_ms:g} ms max_queue_delay for a batch "
                      "(temper serve waits only while concurrent clients keep arriving)")
@@ -235,14 +235,15 @@ def differences(config: ServingConfig) -> list[str]:
     return found
 
 
-def _model_config(config: ServingConfig, platform: str, instances: int, kind: str) -> dict:
-    """ModelConfig (model_config.proto) as nested dicts, in the writer's terms."""
+def _model_config(config: ServingConfig, instances: int, kind: str, runtime: dict[str, Any]) -> dict:
+    """ModelConfig (model_config.proto) as nested dicts, in the writer's terms; `runtime`: the engine's
+    own fields (its platform or backend, session parameters: artifacts/engines/)."""
     batching = no_batching(config) is None
     fields: dict = {"name": config.name}
-    if platform == OPENVINO_BACKEND:  # a backend, not a platform; it reads the ONNX file itself
-        fields |= {"backend": OPENVINO_BACKEND, "default_model_filename": MODEL}
+    if "backend" in runtime:  # a backend, not a platform; it reads the ONNX file itself
+        fields |= {"backend": runtime["backend"], "default_model_filename": MODEL}
     else:
-        fields["platform"] = platform
+        fields["platform"] = runtime["platform"]
     fields |= {
         "max_batch_size": config.max_batch_size if batching else 0,
         "input": [_io(spec, batching) for spec in config.inputs],
@@ -259,48 +260,11 @@ def _model_config(config: ServingConfig, platform: str, instances: int, kind: st
                 "max_queue_size": config.max_queue,
             },
         }
-    if isinstance(config.session, SessionSettings) and platform == "onnxruntime_onnx":
-        fields |= _session(config.session)
-    if platform == OPENVINO_BACKEND:
-        fields["parameters"] = _openvino(config)
+    fields |= {key: value for key, value in runtime.items() if key not in ("backend", "platform")}
     sizes = sorted({1, config.max_batch_size}) if batching else [1]
     if not any(spec.value is not None for spec in config.inputs):  # zeros are not a constant's value
         fields["model_warmup"] = [_warmup(config.inputs, size, batching) for size in sizes]
     return fields
-
-
-# Triton's onnxruntime backend spells the graph optimization level its own way (src/onnxruntime.cc):
-# -1 basic, 1 basic + extended, 2 none, anything else (0) all.
-TRITON_GRAPH_LEVELS = {"basic": -1, "extended": 1, "disable": 2, "all": 0}
-
-
-def _session(settings: SessionSettings) -> dict:
-    """The gated session settings in the terms Triton's onnxruntime backend reads: the graph level,
-    sequential execution and the intra-op thread count. The backend has no setting for intra-op
-    spinning, so Triton runs ONNX Runtime's default there (spinning on)."""
-    return {
-        "optimization": {"graph": {"level": TRITON_GRAPH_LEVELS[settings.graph_optimization]}},
-        "parameters": [
-            {"key": "intra_op_thread_count", "value": {"string_value": str(settings.intra_op_threads)}},
-            {"key": "execution_mode", "value": {"string_value": "0"}},
-        ],
-    }
-
-
-def _openvino(config: ServingConfig) -> list[dict]:
-    """The gated OpenVINO settings in the terms Triton's OpenVINO backend reads (its README's parameters):
-    threads, streams and the performance hint as measured, and HINT_BF16 for a BF16 pick. The backend
-    documents no key that holds a CPU to FP32, so an `openvino` (FP32) pick computes FP32 there only on a
-    CPU without native BF16 (differences() says so)."""
-    assert config.engine is not None
-    settings = config.session if isinstance(config.session, OpenVinoSettings) else None
-    values = {"PERFORMANCE_HINT": settings.performance_hint if settings else "LATENCY",
-              "NUM_STREAMS": str(settings.num_streams if settings else 1)}
-    if settings is not None:
-        values["INFERENCE_NUM_THREADS"] = str(settings.num_threads)
-    if PROVIDERS[config.engine].precision == "bf16":
-        values["HINT_BF16"] = "YES"
-    return [{"key": key, "value": {"string_value": value}} for key, value in values.items()]
 
 
 def _dims(spec: TensorSpec, batching: bool) -> list[int]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from temper.artifacts import engines
+from temper.artifacts.engines.providers import PROVIDERS
 from temper.artifacts.protocol import VERSION
-from temper.artifacts.providers import PROVIDERS, is_openvino
 from temper.artifacts.runtime import Runtime
-from temper.artifacts.triton import OPENVINO_BACKEND, _model_config
+from temper.artifacts.triton import _model_config
 
 if TYPE_CHECKING:
     from temper.artifacts.models import Loaded
@@ -26,21 +27,20 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "
 def platform(runtime: Runtime) -> str:
     """What model metadata names as the model's platform: Triton's `onnxruntime_onnx`, or `openvino` for a
     bundle served on OpenVINO (Triton reports its backend's name there)."""
-    return OPENVINO_BACKEND if is_openvino(runtime.engine) else PLATFORM
+    fields = engines.of(runtime.engine).triton(runtime.engine, None)
+    return str(fields.get("backend", fields.get("platform", PLATFORM)))
 
 
 def model_config(runtime: Runtime) -> dict[str, Any]:
     """Triton's model configuration (the JSON form of its ModelConfig), as `temper export-triton`
     writes it for this bundle, with the instances this server really runs: its worker processes, or the
     one in-process session (instances 0; before start() has chosen a default, 1)."""
-    kind = "KIND_GPU" if PROVIDERS[runtime.engine].gpu else "KIND_CPU"
-    if is_openvino(runtime.engine):
-        config = _model_config(runtime.config, OPENVINO_BACKEND, 1, kind)
-        config.pop("model_warmup", None)
-        return config
-    config = _model_config(runtime.config, PLATFORM, runtime.instances or 1, kind)
+    engine = engines.of(runtime.engine)
+    kind = engine.triton_kind(runtime.engine, "KIND_GPU" if PROVIDERS[runtime.engine].gpu else "KIND_CPU")
+    config = _model_config(runtime.config, runtime.instances or 1, kind,
+                           engine.triton(runtime.engine, runtime.config.session))
     config.pop("model_warmup", None)  # a repository setting; this server has warmed up already
-    return {**config, "backend": "onnxruntime"}
+    return {"backend": engine.name, **config}
 
 
 def statistics(runtime: Runtime, refused: int, version: str = VERSION, memory_bytes: int | None = None

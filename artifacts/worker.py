@@ -3,7 +3,7 @@
 Started by artifacts/workers.py as `python -m temper.artifacts.worker SPEC` with three inherited file
 descriptors: its control socket (SOCK_SEQPACKET, one message per descriptor) and its input and
 output regions (artifacts/tensor_memory.py). It builds the session exactly as the gateway would
-(artifacts/engines.py: ONNX Runtime with the SessionSettings the gateway chose, or OpenVINO with the
+(artifacts/engines/: ONNX Runtime with the SessionSettings the gateway chose, or OpenVINO with the
 compiled model's settings the gateway read back), says so once, then runs batches
 until the socket closes: a batch descriptor names the input tensors in the input region, the
 outputs go into the output region and their descriptor back.
@@ -27,11 +27,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from temper.artifacts import engines
+from temper.artifacts.engines.providers import Provider
 from temper.artifacts.errors import first_line
-from temper.artifacts.host import usable_cores
-from temper.artifacts.openvino_session import OpenVinoSettings
-from temper.artifacts.providers import Provider, is_openvino
-from temper.artifacts.session import SessionSettings
 from temper.artifacts.tensor_memory import Region
 
 MAX_MESSAGE = 1 << 20  # a descriptor is a few hundred bytes; this bounds a model with very many tensors
@@ -96,11 +93,11 @@ def main(argv: list[str]) -> int:
 
 def _load(spec: dict[str, Any]) -> tuple[Any, str]:
     """The instance's engine, built from the spec as the gateway built its own."""
-    model, engine = Path(spec["model"]), spec["engine"]
-    if is_openvino(engine):
-        settings = OpenVinoSettings.model_validate(spec["settings"])
-        return engines.load_openvino(model, cast(Provider, engine), settings, usable_cores(), spec["name"]), engine
-    return engines.load(model, spec["providers"], SessionSettings.model_validate(spec["settings"]), spec["name"])
+    engine = cast(Provider, spec["engine"])
+    runtime = engines.of(engine)
+    session, row, _ = runtime.serve(Path(spec["model"]), engine, runtime.settings.model_validate(spec["settings"]),
+                                    spec["providers"] or None, spec["name"])
+    return session, row
 
 
 if __name__ == "__main__":

@@ -37,9 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from temper.artifacts.bundle import ServingConfig
+from temper.artifacts.engines import EngineSettings
 from temper.artifacts.errors import InstanceLost, Stopped
-from temper.artifacts.openvino_session import OpenVinoSettings
-from temper.artifacts.session import SessionSettings
 from temper.artifacts.tensor_memory import Region, regions_for
 from temper.artifacts.worker import Channel
 
@@ -75,7 +74,7 @@ class WorkerPool:
     """`count` worker processes serving `model` on `engine` with `settings` (ONNX Runtime's on `providers`,
     or an OpenVINO engine's)."""
 
-    def __init__(self, model: Path, config: ServingConfig, engine: str, settings: SessionSettings | OpenVinoSettings,
+    def __init__(self, model: Path, config: ServingConfig, engine: str, settings: EngineSettings,
                  providers: list[str], count: int, max_rows: int, warm_inputs: Callable[[], list[Arrays]]) -> None:
         self.model, self.config, self.engine, self.settings, self.providers = model, config, engine, settings, providers
         self.warm_inputs = warm_inputs

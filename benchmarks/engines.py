@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.recipes import NO_REPORT, _temper, private_base  # noqa: E402
+from temper.artifacts.engines.providers import BF16_FLAGS, PROVIDERS  # noqa: E402
 from temper.artifacts.host import HostProfile, profile  # noqa: E402
-from temper.artifacts.providers import BF16_FLAGS, PROVIDERS  # noqa: E402
 from temper.validators import report_model  # noqa: E402
 from temper.validators.report import speedup_text  # noqa: E402
 from temper.validators.report_model import Candidate, Report  # noqa: E402
@@ -125,7 +125,7 @@ def recipe_for(name: str, host: HostProfile | None = None) -> dict[str, Any]:
 
 def engines(host: HostProfile | None = None) -> list[str]:
     """ONNX Runtime CPU (the reference) and OpenVINO in f32; then every other OpenVINO precision whose ISA
-    features (artifacts/providers.py `host_flags`) the host profile reports (artifacts/host.py, the probe
+    features (artifacts/engines/providers.py `host_flags`) the host profile reports (artifacts/host.py, the probe
     temper's own pre-flight uses): `openvino-bf16` where the CPU has avx512_bf16 or amx_bf16. Decided by
     the profile's flags, never by the CPU's name; on a host without them the list is the two engines."""
     host = host or profile()

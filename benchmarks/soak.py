@@ -24,7 +24,7 @@ Arena check (--arena): ONNX Runtime's CPU arena and memory patterns are sized by
 has seen, so a server that meets many shapes can grow. The same random shapes (batches up to 32 rows,
 as the batcher merges them) run directly on sessions built with different memory options, each
 variant in a fresh process, and the table shows which options keep RSS flat and what they cost per
-run. The options are built here, not in artifacts/engines.py (which opens the serving runtime's
+run. The options are built here, not in artifacts/engines/threads.py (which opens the serving runtime's
 sessions), so they can be compared before one is adopted there.
 """
 
@@ -428,9 +428,9 @@ def plot_rss(samples: list[tuple[float, int, int]], warm_t: float, warm: int, to
 
 # -- the arena check -----------------------------------------------------------------------------
 
-# What each variant changes on top of the session artifacts/engines.py opens for the runtime today.
+# What each variant changes on top of the session artifacts/engines/threads.py opens for the runtime today.
 VARIANTS = {
-    "runtime": "as artifacts/engines.py opens it (CPU arena, extend kNextPowerOfTwo, memory patterns on)",
+    "runtime": "as artifacts/engines/threads.py opens it (CPU arena, extend kNextPowerOfTwo, memory patterns on)",
     "no-mem-pattern": "SessionOptions.enable_mem_pattern = False",
     "shrink": "RunOptions memory.enable_memory_arena_shrinkage = cpu:0 on every run",
     "same-as-requested": "a shared CPU arena with arena_extend_strategy kSameAsRequested (session.use_env_allocators)",

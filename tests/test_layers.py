@@ -154,7 +154,8 @@ def test_the_mlflow_model_declares_every_package_its_code_imports():
     code = ("import sys, warnings; warnings.simplefilter('ignore'); import temper.artifacts.pyfunc; "
             "print(' '.join(m for m in sys.modules if m.startswith('temper.artifacts'))); "
             "print(' '.join(temper.artifacts.pyfunc.REQUIREMENTS)); "
-            "print(' '.join(p for ps in temper.artifacts.pyfunc.ENGINE_REQUIREMENTS.values() for p in ps))")
+            "from temper.artifacts.engines import ENGINES; "
+            "print(' '.join(p for engine in ENGINES.values() for p in engine.packages))")
     lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
                            timeout=120).stdout.splitlines()
     loaded, requirements, by_engine = lines[-3].split(), lines[-2].split(), lines[-1].split()

@@ -15,8 +15,8 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
-from temper.artifacts.providers import CPU
-from temper.artifacts.session import SessionSettings
+from temper.artifacts.engines.onnxruntime import SessionSettings
+from temper.artifacts.engines.providers import CPU
 from temper.validators.census import Census, census
 
 

@@ -8,12 +8,12 @@ from typing import Any, Protocol
 import numpy as np
 import onnx
 
+from temper.artifacts.engines.onnxruntime import SessionSettings, open_session
+from temper.artifacts.engines.providers import CPU
 from temper.artifacts.host import profile, usable_cores
 from temper.artifacts.integrity import content_digests
 from temper.artifacts.layout import AXIS0, Layout
 from temper.artifacts.onnx_io import fingerprint, fit_batch, fixed_batch, load_structure
-from temper.artifacts.providers import CPU
-from temper.artifacts.session import SessionSettings, open_session
 from temper.validators.throughput import session_for
 
 
@@ -39,7 +39,7 @@ def predict(path: Path, features: dict[str, np.ndarray], batch_size: int,
     size; its last partial chunk is padded with copies of the last row and the padded rows'
     outputs are dropped, so every candidate is scored on the same rows as the baseline.
     Float16 outputs come back as float32 so metrics compare like with like. The session is built
-    from the same settings serving starts from (artifacts/session.py), graph optimizations included,
+    from the same settings serving starts from (artifacts/engines/onnxruntime.py), graph optimizations included,
     so the outputs the gates score are the outputs the served model gives.
     """
     model = load_structure(path)

@@ -19,10 +19,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from temper.artifacts.engines import Settings
+from temper.artifacts.engines.providers import Provider
 from temper.artifacts.host import HostProfile
-from temper.artifacts.openvino_session import OpenVinoSettings
-from temper.artifacts.providers import Provider
-from temper.artifacts.session import SessionSettings
 
 SCHEMA_VERSION = 4
 FILE = "report.json"
@@ -105,7 +104,7 @@ class Measurement(_Model):
     """Throughput of one model at one batch size on one engine (validators.throughput.Measurement):
     the median of its interleaved slices."""
 
-    provider: Provider = Field(description="the engine: a row of artifacts/providers.py")
+    provider: Provider = Field(description="the engine: a row of artifacts/engines/providers.py")
     batch_size: int = Field(ge=1)
     runs: int = Field(ge=1, description="timed inference calls")
     samples: int = Field(ge=1, description="runs * batch_size")
@@ -117,7 +116,7 @@ class Measurement(_Model):
     rounds: int = Field(ge=1, description="interleaved slices this figure is the median of")
     spread_pct: float | None = Field(ge=0, description="(fastest - slowest slice) / median, in %")
     load: Load | None
-    session: SessionSettings | OpenVinoSettings | None = Field(
+    session: Settings | None = Field(
         description="the engine settings this figure was measured with, read back from the session or compiled "
                     "model: ONNX Runtime's (threads chosen per model as serving chooses them) or OpenVINO's "
                     "(inference precision, threads, streams, performance hint); a published bundle's runtime.json "
@@ -367,7 +366,7 @@ class Report(_Model):
     passed: bool = Field(description="a candidate was selected: it passed every gate and beat the baseline "
                                      "(false: the baseline is selected, selection_reason says why)")
 
-    def session_of(self, pair: str) -> SessionSettings | OpenVinoSettings | None:
+    def session_of(self, pair: str) -> Settings | None:
         """The engine settings `pair` (a candidates key, or baseline: the reference) was measured with: what
         its serving bundle records. None when nothing was measured."""
         figures = self.baseline.throughput if pair == "baseline" else self.candidates[pair].throughput

@@ -68,7 +68,7 @@ def interleave(bench: Bench, sessions: dict[str, Session], paths: dict[str, tupl
                undecided: Callable[[Bench, str], bool], more: Callable[[Bench, int, list[str]], None] = lambda *_: None,
                ) -> Bench:
     """Time every session of `sessions` (the reference first; `paths`: each key's model and engine, a
-    provider of artifacts/providers.py) in rotating rounds into `bench`: ROUNDS
+    provider of artifacts/engines/providers.py) in rotating rounds into `bench`: ROUNDS
     rounds, then the reference and each `undecided(bench, name)` one, until none is or `most_rounds`
     ran, or until the next round, as long as the last one, would end past `timing.deadline` (the first
     round always runs). `more(bench, next_round, names)` hears each extra round before it runs."""

@@ -5,7 +5,7 @@ Session settings move a model's speed as much as its precision does (intra-op sp
 same session's throughput 1.05-2.9x on a loaded 2-core host; onnxruntime#26992 reports ORT_ENABLE_ALL
 7x slower than ORT_ENABLE_EXTENDED on one CPU family), and no setting wins everywhere. So, with
 `validate.throughput.session_search`, each model is timed on its default settings and on each row of
-TABLE for the engine (one setting changed at a time), in the interleaved rounds of validators/rounds.py
+table() for the engine (one setting changed at a time), in the interleaved rounds of validators/rounds.py
 at every measured batch size. A row is kept when its speedup interval over the default
 (validators/speedup.py) lies above 1.0 at the ranking batch size (the largest, where selection
 ranks) and below 1.0 at none; of those, the fastest at the ranking size. Otherwise the default stays:
@@ -31,11 +31,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 import numpy as np
 from pydantic import BaseModel
 
+from temper.artifacts import engines
+from temper.artifacts.engines.providers import Provider
 from temper.artifacts.host import HostProfile
 from temper.artifacts.layout import Layout
 from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
@@ -45,7 +47,7 @@ from temper.validators.throughput import Session, engine_defaults, session_for, 
 MOST_ROUNDS = 2 * ROUNDS  # ROUNDS for every setting, then as many again while one is undecided
 DEFAULT = "default"  # the name of the settings every row is compared with
 Verdict = Literal["kept", "faster", "not faster", "slower"]
-Settings = TypeVar("Settings", bound=BaseModel)  # an engine's settings model (artifacts.session.SessionSettings)
+Settings = TypeVar("Settings", bound=BaseModel)  # an engine's settings model (artifacts/engines/)
 
 
 @dataclass(frozen=True)
@@ -60,33 +62,17 @@ class Row:
         return type(default).model_validate({**default.model_dump(), **self.changes})
 
 
-# OpenVINO's CPU plugin (artifacts/openvino_session.py); default: all usable cores, one stream, the latency
-# hint. Its INFERENCE_PRECISION_HINT is not a row: f32 and bf16 are engines of their own (openvino,
-# openvino-bf16), so a BF16 model is gated on its own outputs and recorded as BF16, never as FP32.
-OPENVINO_ROWS = (
-    Row("one-thread", {"num_threads": 1}),
-    # Two streams split the threads between two inference requests; the batcher runs one batch at a
-    # time, so this wins only where a stream's share of the cores runs a batch nearly as fast.
-    Row("two-streams", {"num_streams": 2, "performance_hint": "THROUGHPUT"}),
-)
-
-# The settings tried per engine (a provider of artifacts/providers.py), each against the default alone.
-TABLE: dict[str, tuple[Row, ...]] = {
-    "cpu": (  # ONNX Runtime's CPU provider; default: all usable cores, spinning off, ORT_ENABLE_ALL
-        Row("one-thread", {"intra_op_threads": 1}),
-        Row("spinning", {"spinning": True}),
-        Row("extended", {"graph_optimization": "extended"}),
-    ),
-    "openvino": OPENVINO_ROWS,
-    "openvino-bf16": OPENVINO_ROWS,
-    # GPU providers have no rows: their sessions take no thread settings.
-}
+def table(provider: str) -> tuple[Row, ...]:
+    """The settings tried on `provider`, each against the default alone, as its runtime lists them
+    (artifacts/engines/: ONNX Runtime's CPU tries one thread, spinning and extended graph optimization;
+    OpenVINO one thread and two streams; GPU rows take no thread settings, so none)."""
+    return tuple(Row(name, changes) for name, changes in engines.of(provider).search_rows(cast(Provider, provider)))
 
 
 def rows_for(provider: str, default: BaseModel) -> tuple[Row, ...]:
-    """The rows of TABLE for `provider` that change something on this host (one thread is the default
+    """The rows of table(provider) that change something on this host (one thread is the default
     on a one-core host)."""
-    return tuple(row for row in TABLE.get(provider, ()) if row.apply(default) != default)
+    return tuple(row for row in table(provider) if row.apply(default) != default)
 
 
 class Records(Protocol):
@@ -143,7 +129,7 @@ Progress = Callable[[str], None]
 def search(path: Path, plan: Plan, sample: dict[str, np.ndarray], layout: Layout, name: str = "model",
            rows: tuple[Row, ...] | None = None, records: Records | None = None,
            progress: Progress = lambda _: None) -> Found:
-    """The session `path` runs fastest with on plan.provider, by the rule above (`rows`: TABLE's for the
+    """The session `path` runs fastest with on plan.provider, by the rule above (`rows`: table()'s for the
     provider). A record of `records` for the same model, host, rows and budget is reused, not searched again."""
     default = engine_defaults(plan.provider)
     rows = rows_for(plan.provider, default) if rows is None else rows

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, PositiveInt, StringConstraints, model_validator
 
-from temper.artifacts.providers import Provider
+from temper.artifacts.engines.providers import Provider
 from temper.artifacts.strict import Identifier, Strict
 
 BUILTIN_METRICS = ("top1", "topk", "f1", "cosine", "mse", "probe")
@@ -136,8 +136,8 @@ class ThroughputSpec(Strict):
     batch_sizes: list[PositiveInt] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
     providers: list[Provider] = Field(
         default_factory=lambda: list[Provider](["cpu"]), min_length=1,
-        description="the engines every model is paired with (artifacts/providers.py); the first is the reference "
-                    "every pair's speedup is measured against (the baseline on it)")
+        description="the engines every model is paired with (artifacts/engines/providers.py); the first is the "
+                    "reference every pair's speedup is measured against (the baseline on it)")
     duration_s: float = Field(
         3.0, gt=0, allow_inf_nan=False, description="timed seconds per model, batch size and provider")
     warmup_s: float = Field(0.5, ge=0, allow_inf_nan=False)

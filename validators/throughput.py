@@ -10,27 +10,23 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeAlias, cast
+from typing import Any, cast
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import psutil
 
-from temper.artifacts import openvino_session
-from temper.artifacts.engines import choose_threads
-from temper.artifacts.errors import EnvironmentProblem, OptionError
-from temper.artifacts.host import HostProfile, profile, usable_cores
+from temper.artifacts import engines
+from temper.artifacts.engines import EngineSettings, Session
+from temper.artifacts.engines.onnxruntime import SessionSettings
+from temper.artifacts.engines.providers import CPU, Provider
+from temper.artifacts.engines.threads import choose_threads
+from temper.artifacts.errors import OptionError
+from temper.artifacts.host import HostProfile, usable_cores
 from temper.artifacts.layout import AXIS0, Layout, default_axes
 from temper.artifacts.onnx_io import dims, fixed_batch, load_structure
-from temper.artifacts.openvino_session import OpenVinoSession, OpenVinoSettings
-from temper.artifacts.providers import CPU, PROVIDERS, Provider, is_openvino
-from temper.artifacts.session import SessionSettings, open_session, settings_of
-
-Session: TypeAlias = ort.InferenceSession | OpenVinoSession  # what every model is measured and evaluated on
 
 _PERCENTILES = (50, 90, 95, 99)
 
@@ -56,84 +52,40 @@ class Measurement:
 
 
 def require_available(provider: str, host: HostProfile | None = None) -> None:
-    """Fail early (before any model is built) when this host cannot offer `provider` at all: an ONNX Runtime
-    provider this onnxruntime lacks, OpenVINO not installed or offering no CPU device, or a BF16 engine on a
-    CPU whose profile reports no native BF16 (decided by its ISA flags, never by its name)."""
-    if provider not in PROVIDERS:
-        raise ValueError(f"unknown provider '{provider}'; choose from {', '.join(PROVIDERS)}")
-    info = PROVIDERS[provider]
-    key = "validate.throughput.providers"
-    if is_openvino(provider):
-        if openvino_session.version() is None:
-            raise EnvironmentProblem(f"{key}: '{provider}' needs OpenVINO, which is not installed: {info.install}")
-        if openvino_session.DEVICE not in openvino_session.devices():
-            raise EnvironmentProblem(f"{key}: '{provider}': OpenVINO offers no CPU device here (devices: "
-                                     f"{', '.join(openvino_session.devices()) or 'none'})")
-        host = host or profile()
-        if info.host_flags and not (host.features_known and any(f in host.features for f in info.host_flags)):
-            seen = " ".join(host.features) if host.features_known else "unknown"
-            raise EnvironmentProblem(f"{key}: '{provider}' needs a CPU with native BF16 "
-                                     f"({' or '.join(info.host_flags)}); this host ({host.cpu}) reports {seen}")
-        return
-    available = ort.get_available_providers()
-    if info.ort not in available:
-        raise EnvironmentProblem(
-            f"provider '{provider}' ({info.ort}) requested but this onnxruntime has only {', '.join(available)}: "
-            f"{info.install}"
-        )
+    """Fail early (before any model is built) when this host cannot offer `provider` at all: its runtime says
+    why (an ONNX Runtime provider this onnxruntime lacks, OpenVINO absent or without a CPU device, a BF16 row
+    on a CPU whose profile reports no native BF16)."""
+    engines.of(provider).available(cast(Provider, provider), host)
 
 
 def default_settings() -> SessionSettings:
-    """The settings a model starts from wherever it runs: all usable cores (CPU affinity and the
-    container's quota), idle threads sleeping, every graph optimization (artifacts/session.py)."""
+    """The settings a model starts from on ONNX Runtime's CPU: all usable cores (CPU affinity and the
+    container's quota), idle threads sleeping, every graph optimization (artifacts/engines/onnxruntime.py)."""
     return SessionSettings(intra_op_threads=usable_cores())
 
 
-def engine_defaults(provider: str) -> SessionSettings | OpenVinoSettings:
-    """The settings a model starts from on `provider`: default_settings() for ONNX Runtime's providers;
-    on an OpenVINO row, its precision on all usable cores, one stream, the latency hint."""
-    info = PROVIDERS[cast(Provider, provider)]
-    if is_openvino(provider):
-        assert info.precision is not None  # every OpenVINO row names its precision
-        return OpenVinoSettings(inference_precision=info.precision, num_threads=usable_cores())
-    return default_settings()
+def engine_defaults(provider: str) -> EngineSettings:
+    """The settings a model starts from on `provider`, as its runtime defines them for this host."""
+    return engines.of(provider).defaults(cast(Provider, provider))
 
 
-def session_for(path: Path, provider: str, settings: SessionSettings | OpenVinoSettings | None = None) -> Session:
+def session_for(path: Path, provider: str, settings: EngineSettings | None = None) -> Session:
     """A session built from `settings` (engine_defaults(provider)) whose graph runs on `provider`, checked
-    against what the session itself reports: onnxruntime-gpu falls back to CPU silently, and a plugin
-    provider may register without a device; on OpenVINO, the compiled model's device and precision
-    (OpenVINO settings on an ONNX Runtime provider, or the other way round, are a programming error)."""
+    against what the session itself reports (onnxruntime-gpu falls back to the CPU silently; OpenVINO may
+    compute in another precision than asked)."""
     require_available(provider)
-    info = PROVIDERS[cast(Provider, provider)]
-    settings = settings or engine_defaults(provider)
-    if is_openvino(provider):
-        assert isinstance(settings, OpenVinoSettings) and info.precision is not None
-        return openvino_session.open_engine(path, info.precision, settings.num_threads, settings.num_streams,
-                                            settings.performance_hint)
-    assert isinstance(settings, SessionSettings)
-    available = ort.get_available_providers()
-    wanted = info.ort
-    chain = [wanted, *(then for then in info.then if then in available)]
-    session = open_session(path, settings, chain)
-    if wanted not in session.get_providers():
-        raise EnvironmentProblem(
-            f"provider '{provider}' requested but onnxruntime did not activate {wanted} "
-            f"(the session has {', '.join(session.get_providers())}): check the CUDA/cuDNN/TensorRT "
-            "libraries this onnxruntime-gpu needs and that a GPU is visible"
-        )
-    return session
+    engine = engines.of(provider)
+    return engine.open(path, cast(Provider, provider), settings or engine.defaults(cast(Provider, provider)))
 
 
 def tuned_session(path: Path, provider: str, sample: dict[str, np.ndarray],
                   layout: Layout = AXIS0) -> Session:
     """The session `path` is measured with on `provider`, threads chosen once for this model exactly as
-    the serving runtime chooses them on its CPU engine (artifacts.engines.choose_threads, batch-1 rows
-    of `sample`); on a GPU provider, default_settings() as serving uses there; on OpenVINO, all usable
-    cores, one stream, the latency hint. A bundle records the kept session's settings
-    (Measurement.session), so serving runs what was measured."""
+    the serving runtime chooses them on ONNX Runtime's CPU (artifacts.engines.threads.choose_threads,
+    batch-1 rows of `sample`); on any other row its runtime's defaults, as serving uses there. A bundle
+    records the kept session's settings (Measurement.session), so serving runs what was measured."""
     session = session_for(path, provider)
-    if provider != "cpu" or isinstance(session, OpenVinoSession):
+    if provider != "cpu":
         return session
     structure = load_structure(path)
     rows = fixed_batch(structure, layout) or 1
@@ -142,11 +94,9 @@ def tuned_session(path: Path, provider: str, sample: dict[str, np.ndarray],
     return kept
 
 
-def recorded_settings(session: Session) -> dict[str, Any]:
+def recorded_settings(session: Session, provider: str) -> dict[str, Any]:
     """The settings a session really runs with, read back from it, as report.json records them."""
-    if isinstance(session, OpenVinoSession):
-        return session.settings.model_dump()
-    return settings_of(session).model_dump()
+    return engines.of(provider).settings_of(session).model_dump()
 
 
 def fits_in_memory(sample: dict[str, np.ndarray], batch_size: int) -> str | None:
@@ -284,8 +234,7 @@ def measure(
     """
     feed = feed if feed is not None else batch_of(load_structure(path), sample, batch_size, layout)
     session = session or session_for(path, provider)
-    call = (session.bound_call(feed) if isinstance(session, OpenVinoSession)
-            else _bound_call(session, feed, "cuda" if PROVIDERS[cast(Provider, provider)].gpu else "cpu"))
+    call = engines.of(provider).bound_call(session, feed, cast(Provider, provider))
 
     peak = _rss_mb()
     warm_until = time.perf_counter() + warmup_s
@@ -317,24 +266,8 @@ def measure(
         latency_ms={f"p{p}": float(q) for p, q in zip(_PERCENTILES, quantiles)},
         peak_rss_mb=peak,
         gpu_mem_mb=None,
-        session=recorded_settings(session),
+        session=recorded_settings(session, provider),
     )
-
-
-def _bound_call(session: ort.InferenceSession, feed: dict[str, np.ndarray], device: str) -> Callable[[], None]:
-    """One inference through IO binding: inputs placed on `device` once, outputs left there.
-
-    On "cuda" this keeps host/device copies out of the timed loop; Run still waits for the
-    CUDA stream at its end (ORT's default), so wall time covers the GPU work.
-    """
-    binding = session.io_binding()
-    for name, array in feed.items():
-        contiguous = np.require(array, requirements="C")  # np.ascontiguousarray makes a scalar [1]
-        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(contiguous, device, 0))
-    for output in session.get_outputs():
-        binding.bind_output(output.name, device, 0)
-    binding.synchronize_inputs()
-    return lambda: session.run_with_iobinding(binding)
 
 
 def _rss_mb() -> float:

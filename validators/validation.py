@@ -9,17 +9,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
-from temper.artifacts import onnx_io
+from temper.artifacts import engines, onnx_io
+from temper.artifacts.engines.onnxruntime import SessionSettings
+from temper.artifacts.engines.providers import PROVIDERS, Provider
 from temper.artifacts.errors import RecipeError
 from temper.artifacts.host import HostProfile, profile, usable_cores
 from temper.artifacts.layout import AXIS0, Layout
-from temper.artifacts.openvino_session import OpenVinoSession
-from temper.artifacts.providers import is_openvino
-from temper.artifacts.session import SessionSettings
 from temper.calibration.sources import Dataset
 from temper.validators import engine_census, report_model, scoring
 from temper.validators.benches import Bench, bench_all
@@ -111,9 +110,9 @@ def engines_of(spec: ValidateSpec) -> list[str]:
 
 
 def evaluated_on(engine: str) -> str:
-    """Where a pair's accuracy and fidelity are measured: on OpenVINO, its own engine (a BF16 engine is
-    gated on its own outputs); on ONNX Runtime, its CPU provider, as before engines were pairs."""
-    return engine if is_openvino(engine) else "cpu"
+    """Where a pair's accuracy and fidelity are measured: on its own row, so that what is gated is what the
+    engine computes (a BF16 engine on its own outputs, a GPU's FP16 kernels on theirs)."""
+    return engine
 
 
 def validate(subject: Subject, progress: Progress = lambda _: None) -> Validation:
@@ -195,16 +194,16 @@ def _ort_settings(result: CandidateResult) -> SessionSettings:
 
 
 def _engine_precision(result: CandidateResult, pair: Pair, path: Path) -> str | None:
-    """The precision an OpenVINO pair's engine computes in, as its compiled model reported it: the speed
-    figures' read-back settings, else a session's (session_for refuses one that reports another than asked)."""
-    if not is_openvino(pair.engine):
-        return None
+    """The precision a pair's engine computes in as the live session reported it, for a runtime that has one
+    of its own (OpenVINO's compiled model): the speed figures' read-back settings, else a session's
+    (session_for refuses one that reports another than asked). None: the graph's precision is what runs."""
+    engine = engines.of(pair.engine)
     for measurement, _ in result.throughput:
-        if measurement.session and "inference_precision" in measurement.session:
-            return str(measurement.session["inference_precision"])
-    session = session_for(path, pair.engine)
-    assert isinstance(session, OpenVinoSession)  # an OpenVINO row's session
-    return str(session.settings.inference_precision)
+        if measurement.session:
+            return engine.settings.model_validate(measurement.session).precision
+    if PROVIDERS[cast(Provider, pair.engine)].precision is None:
+        return None
+    return engine.settings_of(session_for(path, pair.engine)).precision
 
 
 def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[str, np.ndarray]) -> None:

@@ -9,9 +9,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from temper.artifacts.engines.providers import PROVIDERS
 from temper.artifacts.errors import TemperError
 from temper.artifacts.host import profile
-from temper.artifacts.providers import PROVIDERS
 from temper.pipeline.cli.common import app, err, number, out
 
 MAX_SECONDS = 3600  # an hour per batch size: more is a typo (or `inf`, which never ends)

@@ -18,10 +18,10 @@ import pytest
 from google.protobuf import text_format
 
 from temper.artifacts import bundle
+from temper.artifacts.engines.openvino import OpenVinoSettings, open_engine
+from temper.artifacts.engines.providers import BF16_FLAGS
 from temper.artifacts.errors import EnvironmentProblem
 from temper.artifacts.host import profile, usable_cores
-from temper.artifacts.openvino_session import OpenVinoSettings, open_engine
-from temper.artifacts.providers import BF16_FLAGS
 from temper.artifacts.pyfunc import pinned_requirements
 from temper.artifacts.runtime import Runtime
 from temper.artifacts.triton import export_repository

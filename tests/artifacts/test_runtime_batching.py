@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from temper.artifacts.bundle import config_for, write
+from temper.artifacts.engines.onnxruntime import engine_cache
 from temper.artifacts.host import usable_cores
 from temper.artifacts.layout import Layout
 from temper.artifacts.runtime import RequestError, Runtime
-from temper.artifacts.session import engine_cache
 from tests.artifacts.runtimes import (
     VAD_AUDIO,
     VAD_STATE,

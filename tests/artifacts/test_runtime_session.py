@@ -13,10 +13,10 @@ import pytest
 from google.protobuf import text_format
 
 from temper.artifacts import bundle
+from temper.artifacts.engines.onnxruntime import LEVELS, SPINNING, SessionSettings, open_session, settings_of
+from temper.artifacts.engines.providers import CPU
 from temper.artifacts.host import usable_cores
-from temper.artifacts.providers import CPU
 from temper.artifacts.runtime import Runtime
-from temper.artifacts.session import LEVELS, SPINNING, SessionSettings, open_session, settings_of
 from temper.artifacts.triton import export_repository
 from temper.validators.throughput import measure, tuned_session
 from tests.artifacts.runtimes import linear_model

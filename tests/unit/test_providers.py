@@ -9,9 +9,10 @@ from typing import Any, get_args
 
 import pytest
 
+from temper.artifacts import engines
+from temper.artifacts.engines.providers import BEST_FIRST, BF16_FLAGS, CPU, PROVIDERS, Provider, named
 from temper.artifacts.errors import EnvironmentProblem
 from temper.artifacts.host import HostProfile, profile
-from temper.artifacts.providers import BEST_FIRST, BF16_FLAGS, CPU, PROVIDERS, Provider, is_openvino, named
 from temper.pipeline.recipe import Recipe
 from temper.validators.throughput import require_available
 
@@ -37,7 +38,7 @@ def test_every_provider_a_host_may_lack_says_what_to_install(name):
     if info.engine == "onnxruntime":
         assert named(info.ort) == name
     else:
-        assert info.ort == "" and info.precision in ("f32", "bf16") and is_openvino(name)
+        assert info.ort == "" and info.precision in ("f32", "bf16") and engines.of(name).name == "openvino"
         assert "temper-ml[openvino]" in info.install
 
 

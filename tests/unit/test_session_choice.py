@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from temper.artifacts.session import SessionSettings
-from temper.validators.session_search import TABLE, Row, Trial, choose, rows_for
+from temper.artifacts.engines.onnxruntime import SessionSettings
+from temper.validators.session_search import Row, Trial, choose, rows_for, table
 from temper.validators.speedup import Speedup
 
 
@@ -54,7 +54,7 @@ def test_rows_that_change_nothing_on_this_host_are_not_timed():
     """One thread is the default on a one-core host: the row would compare the default with itself."""
     one_core = SessionSettings(intra_op_threads=1)
     assert [r.name for r in rows_for("cpu", one_core)] == ["spinning", "extended"]
-    assert [r.name for r in rows_for("cpu", SessionSettings(intra_op_threads=2))] == [r.name for r in TABLE["cpu"]]
+    assert [r.name for r in rows_for("cpu", SessionSettings(intra_op_threads=2))] == [r.name for r in table("cpu")]
     assert rows_for("cuda", one_core) == ()  # a GPU session takes no thread settings: nothing to search
 
 

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts.session import SessionSettings
+from temper.artifacts.engines.onnxruntime import SessionSettings
 from temper.validators.census import of_file
 from temper.validators.engine_census import of_session
 

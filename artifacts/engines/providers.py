@@ -1,9 +1,10 @@
-"""The one table of engines a recipe, `temper bench` and the serving runtime may name.
+"""The one table of rows a recipe, `temper bench` and the serving runtime may name (`providers:`).
 
-Adding an engine is a row here (and a value of `Provider`): the recipe schema, the speed gates'
-pre-flight and sessions, report.json, the serving runtime's engine choice and the Triton export's
-backend and instance kind all read this table. Most rows are ONNX Runtime execution providers;
-`openvino` and `openvino-bf16` are OpenVINO's own runtime on the CPU (artifacts/openvino_session.py),
+A row is a runtime (its `engine`: artifacts/engines/) on a device in a precision. Adding a row is a line
+here (and a value of `Provider`): the recipe schema, the speed gates' pre-flight and sessions, report.json,
+the serving runtime's engine choice and the Triton export's instance kind all read this table. Most rows
+are ONNX Runtime execution providers;
+`openvino` and `openvino-bf16` are OpenVINO's own runtime on the CPU (artifacts/engines/openvino.py),
 one row per inference precision, since BF16 compute is a precision of its own and is gated as one.
 It sits in artifacts/, the bottom layer, because the serving runtime and the MLflow model ship only
 artifacts/.
@@ -16,7 +17,7 @@ from typing import Literal
 
 # recipe, report.json and `temper bench` spell engines so
 Provider = Literal["cpu", "cuda", "tensorrt", "openvino", "openvino-bf16"]
-Engine = Literal["onnxruntime", "openvino"]
+EngineName = Literal["onnxruntime", "openvino"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class ProviderInfo:
     gpu: bool  # runs on a GPU: Triton's KIND_GPU, IO binding, no CPU thread choice
     then: tuple[str, ...] = ()  # providers chained after it, for the nodes it does not take
     install: str = ""  # what to install when this host lacks it
-    engine: Engine = "onnxruntime"  # the runtime that runs it, and the package a bundle's model requires
+    engine: EngineName = "onnxruntime"  # the runtime that runs it, and the package a bundle's model requires
     precision: str | None = None  # what the engine computes float ops in (OpenVINO's INFERENCE_PRECISION_HINT)
     host_flags: tuple[str, ...] = ()  # ISA features of which the host profile must report one (none: any host)
 
@@ -54,9 +55,3 @@ BEST_FIRST: tuple[Provider, ...] = ("tensorrt", "cuda", "cpu")
 def named(ort_provider: str) -> Provider:
     """The recipe's name for an ONNX Runtime provider a session runs on ("cpu" for any other)."""
     return next((info.name for info in PROVIDERS.values() if info.ort and info.ort == ort_provider), "cpu")
-
-
-def is_openvino(provider: str) -> bool:
-    """Whether `provider` names an OpenVINO row (its sessions are OpenVinoSession, not ONNX Runtime's)."""
-    info = PROVIDERS.get(provider)  # type: ignore[call-overload]
-    return info is not None and info.engine == "openvino"

@@ -1,4 +1,4 @@
-"""A model on OpenVINO's CPU plugin, behind the run interface an ONNX Runtime session offers.
+"""OpenVINO as an engine: a model on its CPU plugin, behind the run interface an ONNX Runtime session offers.
 
 OpenVINO reads temper's ONNX files as they are (QDQ INT8 included), so a candidate needs no other
 build to run on it. The gates, `temper serve` and the pyfunc model hold an OpenVinoSession where
@@ -14,6 +14,7 @@ Threads, streams and the performance hint are set, and recorded, the same way.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -22,9 +23,14 @@ from typing import Any, Literal
 
 import numpy as np
 import onnx
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import ConfigDict, Field, PositiveInt
 
+from temper.artifacts.engines.base import EngineSettings, Session
+from temper.artifacts.engines.providers import PROVIDERS, Provider
 from temper.artifacts.errors import EnvironmentProblem
+from temper.artifacts.host import HostProfile, profile, usable_cores
+
+log = logging.getLogger("temper.serving")
 
 INSTALL = "pip install 'temper-ml[openvino]'"
 DEVICE = "CPU"
@@ -32,7 +38,7 @@ Precision = Literal["f32", "bf16"]
 _TYPE_NAMES = {"float32": "f32", "f32": "f32", "bfloat16": "bf16", "bf16": "bf16", "float16": "f16", "f16": "f16"}
 
 
-class OpenVinoSettings(BaseModel):
+class OpenVinoSettings(EngineSettings):
     """How an OpenVINO compiled model is built: what a speed figure was measured with and what serves.
     Read back from the compiled model itself (settings_of)."""
 
@@ -43,6 +49,17 @@ class OpenVinoSettings(BaseModel):
     num_threads: PositiveInt = Field(description="INFERENCE_NUM_THREADS")
     num_streams: PositiveInt = Field(1, description="NUM_STREAMS: one stream, as one inference thread feeds it")
     performance_hint: Literal["LATENCY", "THROUGHPUT"] = Field("LATENCY", description="PERFORMANCE_HINT")
+
+    @property
+    def threads(self) -> int:
+        return self.num_threads
+
+    @property
+    def precision(self) -> str | None:
+        return self.inference_precision
+
+    def with_threads(self, count: int) -> OpenVinoSettings:
+        return self.model_copy(update={"num_threads": count})
 
     def config(self) -> dict[str, Any]:
         """These settings as compile_model's config."""
@@ -163,3 +180,105 @@ def open_engine(model: Path, precision: str, threads: int, streams: int = 1,
         raise EnvironmentProblem(f"OpenVINO was asked to compute in {precision} but the compiled model reports "
                                  f"{session.settings.inference_precision}: this CPU does not run {precision} natively")
     return session
+
+
+# The session search's rows: two streams split the threads between two inference requests; the batcher runs
+# one batch at a time, so this wins only where a stream's share of the cores runs a batch nearly as fast.
+# INFERENCE_PRECISION_HINT is not a row: f32 and bf16 are rows of the provider table of their own, so a BF16
+# model is gated on its own outputs and recorded as BF16, never as FP32.
+SEARCH_ROWS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("one-thread", {"num_threads": 1}),
+    ("two-streams", {"num_streams": 2, "performance_hint": "THROUGHPUT"}),
+)
+TRITON_BACKEND = "openvino"  # Triton's OpenVINO backend: a backend, not a platform; it reads the ONNX file itself
+
+
+class OpenVino:
+    """OpenVINO's CPU plugin: one row per inference precision (openvino: f32, openvino-bf16: bf16)."""
+
+    name = "openvino"
+    packages: tuple[str, ...] = ("openvino",)
+    settings = OpenVinoSettings
+
+    def available(self, provider: Provider, host: HostProfile | None = None) -> None:
+        """OpenVINO installed and offering its CPU device; a BF16 row only on a CPU whose profile reports native
+        BF16 (decided by its ISA flags, never by its name)."""
+        info = PROVIDERS[provider]
+        key = "validate.throughput.providers"
+        if version() is None:
+            raise EnvironmentProblem(f"{key}: '{provider}' needs OpenVINO, which is not installed: {info.install}")
+        if DEVICE not in devices():
+            raise EnvironmentProblem(f"{key}: '{provider}': OpenVINO offers no CPU device here (devices: "
+                                     f"{', '.join(devices()) or 'none'})")
+        host = host or profile()
+        if info.host_flags and not (host.features_known and any(f in host.features for f in info.host_flags)):
+            seen = " ".join(host.features) if host.features_known else "unknown"
+            raise EnvironmentProblem(f"{key}: '{provider}' needs a CPU with native BF16 "
+                                     f"({' or '.join(info.host_flags)}); this host ({host.cpu}) reports {seen}")
+
+    def devices(self) -> list[str]:
+        return devices()
+
+    def defaults(self, provider: Provider) -> OpenVinoSettings:
+        """The row's precision on all usable cores, one stream, the latency hint."""
+        precision = PROVIDERS[provider].precision
+        assert precision is not None, "every OpenVINO row names its precision"
+        return OpenVinoSettings(inference_precision=precision, num_threads=usable_cores())
+
+    def open(self, model: Path, provider: Provider, settings: EngineSettings) -> OpenVinoSession:
+        """Compiled in the row's precision, checked on the compiled model (open_engine)."""
+        assert isinstance(settings, OpenVinoSettings), "OpenVINO runs OpenVinoSettings"
+        precision = PROVIDERS[provider].precision
+        assert precision is not None, "every OpenVINO row names its precision"
+        return open_engine(model, precision, settings.num_threads, settings.num_streams, settings.performance_hint)
+
+    def settings_of(self, session: Session) -> OpenVinoSettings:
+        assert isinstance(session, OpenVinoSession), "an OpenVINO row's session"
+        return session.settings
+
+    def serve(self, model: Path, provider: Provider | None, recorded: EngineSettings | None,
+              providers: list[str] | None, name: str) -> tuple[Session, Provider, OpenVinoSettings]:
+        """The precision the bundle's row names, the threads, streams and hint runtime.json records (all usable
+        cores when it records none, or more threads than this host has)."""
+        assert provider is not None, "a bundle served on OpenVINO names its row"
+        cores = usable_cores()
+        settings = recorded if isinstance(recorded, OpenVinoSettings) else self.defaults(provider)
+        if settings.num_threads > cores:
+            settings = settings.with_threads(cores)
+        session = self.open(model, provider, settings)
+        live = session.settings
+        log.info("%s: engine=%s inference_precision=%s threads=%d streams=%d hint=%s", name, provider,
+                 live.inference_precision, live.num_threads, live.num_streams, live.performance_hint)
+        return session, provider, live
+
+    def bound_call(self, session: Session, feed: dict[str, np.ndarray], provider: Provider) -> Callable[[], None]:
+        assert isinstance(session, OpenVinoSession), "an OpenVINO row's session"
+        return session.bound_call(feed)
+
+    def search_rows(self, provider: Provider) -> tuple[tuple[str, dict[str, Any]], ...]:
+        return SEARCH_ROWS
+
+    def triton(self, provider: Provider, settings: EngineSettings | None) -> dict[str, Any]:
+        """Triton's OpenVINO backend (its README's parameters): threads, streams and the performance hint as
+        measured, and HINT_BF16 for a BF16 row. The backend documents no key that holds a CPU to FP32, so an
+        `openvino` (FP32) pick computes FP32 there only on a CPU without native BF16 (triton_differences)."""
+        measured = settings if isinstance(settings, OpenVinoSettings) else None
+        values = {"PERFORMANCE_HINT": measured.performance_hint if measured else "LATENCY",
+                  "NUM_STREAMS": str(measured.num_streams if measured else 1)}
+        if measured is not None:
+            values["INFERENCE_NUM_THREADS"] = str(measured.num_threads)
+        if PROVIDERS[provider].precision == "bf16":
+            values["HINT_BF16"] = "YES"
+        return {"backend": TRITON_BACKEND,
+                "parameters": [{"key": key, "value": {"string_value": value}} for key, value in values.items()]}
+
+    def triton_kind(self, provider: Provider, asked: str) -> str:
+        if asked == "KIND_GPU":
+            raise ValueError(f"selected on {provider}, OpenVINO's CPU engine; use KIND_CPU or KIND_AUTO")
+        return "KIND_CPU"
+
+    def triton_differences(self, provider: Provider) -> list[str]:
+        if PROVIDERS[provider].precision != "f32":
+            return []
+        return ["Triton's OpenVINO backend has no setting that keeps the CPU in FP32: on a CPU with native BF16 "
+                "(avx512_bf16, amx_bf16) it computes this FP32-gated model in BF16"]

@@ -38,6 +38,8 @@ from prometheus_client.metrics_core import (
 from prometheus_client.utils import floatToGoString
 
 from temper.artifacts.counters import FAILURE_REASONS, OTHER
+from temper.artifacts.engines import gpu_memory
+from temper.artifacts.engines.providers import PROVIDERS
 from temper.artifacts.models import LOAD_GROWTH, WORKERS_RSS, Loaded, Models
 
 LABELS = ["model", "version"]
@@ -103,6 +105,21 @@ def _triton_families(models: list[Loaded]) -> list[Metric]:
         host = Metric(gauge, about, "gauge")
         host.add_sample(gauge, {}, amount)
         families.append(host)
+    if any(PROVIDERS[model.runtime.engine].gpu for model in models):  # Triton's GPU gauges, per device
+        families += _gpu_families()
+    return families
+
+
+def _gpu_families() -> list[Metric]:
+    """Triton's nv_gpu_memory_total_bytes and nv_gpu_memory_used_bytes, one sample per GPU the driver lists."""
+    families = []
+    gpus = gpu_memory.devices() or []
+    for gauge, about, amounts in (("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", [t for _, _, t in gpus]),
+                                  ("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", [u for _, u, _ in gpus])):
+        family = Metric(gauge, about, "gauge")
+        for (uuid, _, _), mib in zip(gpus, amounts):
+            family.add_sample(gauge, {"gpu_uuid": uuid}, mib * 2**20)
+        families.append(family)
     return families
 
 
@@ -156,6 +173,8 @@ def _runtime_families(models: list[Loaded]) -> Iterator[Metric]:
                                f"{WORKERS_RSS} (its worker processes' RSS now) or {LOAD_GROWTH} (the server "
                                "process's RSS growth across its load: in-process sessions cannot be told apart)",
                                labels=[*LABELS, "measure"])
+    gpu = GaugeMetricFamily("temper_model_gpu_memory_bytes", "GPU memory the model's processes hold, as the NVIDIA "
+                            "driver reports it (a model on a GPU engine; the memory signal to alert on)", labels=LABELS)
     for loaded in models:
         runtime, model = loaded.runtime, [loaded.name, loaded.version]
         m = runtime.metrics.snapshot()
@@ -166,7 +185,9 @@ def _runtime_families(models: list[Loaded]) -> Iterator[Metric]:
         _batch_sizes(sizes, m["batches"], runtime.max_rows, model, m["inference_count"])
         size, measure = loaded.memory()
         memory.add_metric([*model, measure], size)
-    yield from (info, latency, sizes, memory)
+        if (held := loaded.gpu_memory()) is not None:
+            gpu.add_metric(model, held)
+    yield from (info, latency, sizes, memory, gpu)
     yield from _instance_families(models)
 
 

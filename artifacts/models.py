@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 import psutil
 
 from temper.artifacts.bundle import ServingConfig, TensorSpec
+from temper.artifacts.engines import gpu_memory
+from temper.artifacts.engines.providers import PROVIDERS
 from temper.artifacts.errors import first_line
 from temper.artifacts.integrity import check_bundle
 from temper.artifacts.repository import DEFAULT_VERSION, Catalog, LoadFailed, ModelNotServed, OneBundle, Source
@@ -73,6 +76,16 @@ class Loaded:
             with contextlib.suppress(psutil.Error):  # restarting: not counted until it runs again
                 total += psutil.Process(instance.pid).memory_info().rss if instance.pid else 0
         return total, WORKERS_RSS
+
+    def gpu_memory(self) -> int | None:
+        """Bytes the model's processes hold on the GPU (its workers', or this process's in-process), as the
+        driver reports them (artifacts/engines/gpu_memory.py); None for a model on a CPU engine, or no reading."""
+        if not PROVIDERS[self.runtime.engine].gpu:
+            return None
+        pool = self.runtime.pool
+        pids = [os.getpid()] if pool is None else [i.pid for i in pool.instances if i.pid]
+        used = gpu_memory.used_mb(pids)
+        return None if used is None else int(used * 2**20)
 
 
 def _build(source: Source, instances: int | None) -> Runtime:

@@ -43,13 +43,13 @@ def model_config(runtime: Runtime) -> dict[str, Any]:
     return {"backend": engine.name, **config}
 
 
-def statistics(runtime: Runtime, refused: int, version: str = VERSION, memory_bytes: int | None = None
-               ) -> dict[str, Any]:
+def statistics(runtime: Runtime, refused: int, version: str = VERSION, memory_bytes: int | None = None,
+               gpu_bytes: int | None = None) -> dict[str, Any]:
     """Triton's statistics extension for one model. Counts are requests, times are summed
     per request (a request in a batch of 8 adds the whole batch's compute), as Triton does;
     batch_stats count executions per batch size. fail adds the `refused` requests the server
     turned away before they reached the runtime. `memory_bytes` (artifacts/models.py says how it is
-    measured) becomes Triton's memory_usage, one CPU entry."""
+    measured) becomes Triton's memory_usage, one CPU entry, and `gpu_bytes` a GPU entry for a model on a GPU."""
     m = runtime.metrics.snapshot()
     executed = m["executed_requests"]
 
@@ -73,7 +73,8 @@ def statistics(runtime: Runtime, refused: int, version: str = VERSION, memory_by
              "compute_infer": duration(count, infer_ns), "compute_output": duration(count, output_ns)}
             for rows, (count, input_ns, infer_ns, output_ns) in m["batches"].items()
         ],
-        "memory_usage": [] if memory_bytes is None else [{"type": "CPU", "id": 0, "byte_size": memory_bytes}],
+        "memory_usage": ([] if memory_bytes is None else [{"type": "CPU", "id": 0, "byte_size": memory_bytes}])
+        + ([] if gpu_bytes is None else [{"type": "GPU", "id": 0, "byte_size": gpu_bytes}]),
     }
     return {"model_stats": [model]}
 
@@ -84,4 +85,4 @@ def every_statistics(models: list[Loaded]) -> dict[str, Any]:
 
 
 def model_statistics(model: Loaded) -> dict[str, Any]:
-    return statistics(model.runtime, model.refused, model.version, model.memory()[0])
+    return statistics(model.runtime, model.refused, model.version, model.memory()[0], model.gpu_memory())

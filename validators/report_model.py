@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from temper.artifacts.engines import Settings
+from temper.artifacts.engines.onnxruntime import SessionSettings, needed_limit_mb
 from temper.artifacts.engines.providers import Provider
 from temper.artifacts.host import HostProfile
 
@@ -368,9 +369,16 @@ class Report(_Model):
 
     def session_of(self, pair: str) -> Settings | None:
         """The engine settings `pair` (a candidates key, or baseline: the reference) was measured with: what
-        its serving bundle records. None when nothing was measured."""
+        its serving bundle records, a GPU pair's CUDA arena bounded by what its gates saw it hold
+        (needed_limit_mb). None when nothing was measured."""
         figures = self.baseline.throughput if pair == "baseline" else self.candidates[pair].throughput
-        return figures[0].session if figures else None
+        if not figures:
+            return None
+        settings, peaks = figures[0].session, [f.gpu_mem_mb for f in figures if f.gpu_mem_mb]
+        if isinstance(settings, SessionSettings) and peaks and settings.gpu_mem_limit_mb is None:
+            # a GPU pair serves within what its gates saw it need, not the whole device
+            return settings.model_copy(update={"gpu_mem_limit_mb": needed_limit_mb(max(peaks))})
+        return settings
 
 
 def dumps(report: Report) -> str:

@@ -38,9 +38,9 @@ class Bench:
     round_s: list[float] = field(default_factory=list)  # each round's wall time, in order
     cut_short: bool = False  # the deadline stopped the rounds before the rule did
 
-    def ratios(self, name: str) -> list[float]:
-        """Paired per-round ratios: `name`'s slice over the reference's slice of the same round."""
-        base = self.slices[self.reference]
+    def ratios(self, name: str, over: str | None = None) -> list[float]:
+        """Paired per-round ratios: `name`'s slice over the slice of the same round of `over` (the reference)."""
+        base = self.slices[over or self.reference]
         return [m.samples_per_s / base[r].samples_per_s for r, m in self.slices[name].items() if r in base]
 
     def figure(self, name: str) -> Measurement:

@@ -19,9 +19,9 @@ import onnx
 import psutil
 
 from temper.artifacts import engines
-from temper.artifacts.engines import EngineSettings, Session
+from temper.artifacts.engines import EngineSettings, Session, gpu_memory
 from temper.artifacts.engines.onnxruntime import SessionSettings
-from temper.artifacts.engines.providers import CPU, Provider
+from temper.artifacts.engines.providers import CPU, PROVIDERS, Provider
 from temper.artifacts.engines.threads import choose_threads
 from temper.artifacts.errors import OptionError
 from temper.artifacts.host import HostProfile, usable_cores
@@ -41,7 +41,7 @@ class Measurement:
     samples_per_s: float
     latency_ms: dict[str, float]  # p50, p90, p95, p99 of one call
     peak_rss_mb: float  # MiB; the whole process's RSS (not this model's alone), highest value sampled
-    gpu_mem_mb: float | None  # None: ONNX Runtime's Python API exposes no device-arena statistics
+    gpu_mem_mb: float | None  # on a GPU row, the MiB this process holds there, highest sampled; None: no GPU row
     rounds: int = 1  # interleaved slices this figure is the median of
     spread_pct: float | None = None  # (fastest - slowest slice) / median, in %: the noise across rounds
     load: dict[str, float | None] | None = None  # artifacts.host.Load while it was measured
@@ -235,6 +235,7 @@ def measure(
     feed = feed if feed is not None else batch_of(load_structure(path), sample, batch_size, layout)
     session = session or session_for(path, provider)
     call = engines.of(provider).bound_call(session, feed, cast(Provider, provider))
+    gpu = PROVIDERS[cast(Provider, provider)].gpu
 
     peak = _rss_mb()
     warm_until = time.perf_counter() + warmup_s
@@ -253,6 +254,7 @@ def measure(
         latencies.append(after - now)
         now = after
     peak = max(peak, _rss_mb())
+    gpu_mb = gpu_memory.used_mb([os.getpid()]) if gpu else None  # the arena keeps what a call took: read once
 
     seconds, runs = now - start, len(latencies)
     quantiles = np.percentile(np.array(latencies) * 1e3, _PERCENTILES)
@@ -265,7 +267,7 @@ def measure(
         samples_per_s=runs * batch_size / seconds,
         latency_ms={f"p{p}": float(q) for p, q in zip(_PERCENTILES, quantiles)},
         peak_rss_mb=peak,
-        gpu_mem_mb=None,
+        gpu_mem_mb=gpu_mb,
         session=recorded_settings(session, provider),
     )
 

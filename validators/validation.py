@@ -26,6 +26,7 @@ from temper.validators.census import Census, of_file
 from temper.validators.evaluate import Kept, predict
 from temper.validators.fidelity import compare_outputs, fidelity_gates
 from temper.validators.gates import Gate, Verdict, at_most, select
+from temper.validators.gpu_precision import int8_over_fp16
 from temper.validators.pairs import BASELINE, Pair, pairs, reference, split
 from temper.validators.session_search import Records
 from temper.validators.spec import ValidateSpec
@@ -175,6 +176,11 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
         result.engine_precision = _engine_precision(result, pair, path)
         if pair.engine == "cpu" and result.census.quantized:
             result.engine_census = engine_census.of_session(path, _ort_settings(result))
+    if spec.throughput:  # on a GPU row, INT8 must also beat FP16
+        over = int8_over_fp16([(r.verdict.name, r.pair) for r in results], subject.precisions, benches,
+                              spec.throughput.confidence)
+        for result in results:
+            result.verdict.gates += [over[result.verdict.name]] if result.verdict.name in over else []
     base_bytes = subject.baseline.stat().st_size
     selected = select([r.verdict for r in results], subject.rule, base_bytes)
     reason = None if selected else why_baseline(results, host, subject.precisions, subject.rule, spec, base_bytes)

@@ -16,6 +16,7 @@ power of two, which starves the neighbouring processes and fragments memory unde
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from collections.abc import Callable
@@ -45,6 +46,15 @@ LEVELS: dict[str, ort.GraphOptimizationLevel] = {
 ArenaStrategy = Literal["same_as_requested", "next_power_of_two"]
 _ARENA = {"same_as_requested": "kSameAsRequested", "next_power_of_two": "kNextPowerOfTwo"}  # the CUDA EP's spelling
 Providers = list[str | tuple[str, dict[str, str]]]  # an InferenceSession provider chain
+# A GPU bundle's arena limit: the most its gates saw the process hold at any gated batch size (CUDA context
+# included, so above the arena's own need), times this headroom for larger serving batches, in STEP_MB steps.
+HEADROOM = 1.5
+STEP_MB = 64
+
+
+def needed_limit_mb(peak_mb: float) -> int:
+    """The gpu_mem_limit_mb a bundle records when its gates measured `peak_mb` of GPU memory."""
+    return int(-(-peak_mb * HEADROOM // STEP_MB) * STEP_MB)
 
 
 class SessionSettings(EngineSettings):
@@ -151,11 +161,16 @@ class OnnxRuntime:
     settings = SessionSettings
 
     def available(self, provider: Provider, host: HostProfile | None = None) -> None:
+        """The provider in this onnxruntime's list; for tensorrt, TensorRT itself importable too: onnxruntime-gpu
+        lists TensorrtExecutionProvider without it and then quietly runs the session on CUDA or the CPU."""
         info = PROVIDERS[provider]
         available = ort.get_available_providers()
         if info.ort not in available:
             raise EnvironmentProblem(f"provider '{provider}' ({info.ort}) requested but this onnxruntime has only "
                                      f"{', '.join(available)}: {info.install}")
+        if provider == "tensorrt" and importlib.util.find_spec("tensorrt") is None:
+            raise EnvironmentProblem(f"provider 'tensorrt' requested but TensorRT is not installed (no `tensorrt` "
+                                     f"module): {info.install}")
 
     def devices(self) -> list[str]:
         return list(ort.get_available_providers())

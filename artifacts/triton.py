@@ -75,6 +75,11 @@ DATA_TYPES = {
 }
 
 
+class _Map(dict):
+    """A protobuf map field: a JSON object in the JSON form (what json_format.ParseDict and Triton's /config
+    use), a repeated key/value message in the text form."""
+
+
 class _Enum(str):
     """A text-format enum value: written bare, not quoted."""
 
@@ -260,7 +265,9 @@ def _model_config(config: ServingConfig, instances: int, kind: str, runtime: dic
                 "max_queue_size": config.max_queue,
             },
         }
-    fields |= {key: value for key, value in runtime.items() if key not in ("backend", "platform")}
+    fields |= {key: value for key, value in runtime.items() if key not in ("backend", "platform", "parameters")}
+    if runtime.get("parameters"):  # a protobuf map: {key: {string_value}} in JSON, repeated key/value in text
+        fields["parameters"] = _Map({key: {"string_value": value} for key, value in runtime["parameters"].items()})
     sizes = sorted({1, config.max_batch_size}) if batching else [1]
     if not any(spec.value is not None for spec in config.inputs):  # zeros are not a constant's value
         fields["model_warmup"] = [_warmup(config.inputs, size, batching) for size in sizes]
@@ -307,9 +314,12 @@ def _pbtxt(fields: dict, depth: int = 0) -> str:
     """Protobuf text format: messages as blocks, repeated messages as repeated blocks (a map
     is a repeated key/value message), repeated scalars as `[a, b]` lists."""
     pad = "  " * depth
-    lines = []
+    lines: list[str] = []
     for key, value in fields.items():
-        if isinstance(value, dict):
+        if isinstance(value, _Map):
+            entries = [{"key": k, "value": v} for k, v in value.items()]
+            lines.extend(f"{pad}{key} {{\n{_pbtxt(entry, depth + 1)}{pad}}}\n" for entry in entries)
+        elif isinstance(value, dict):
             lines.append(f"{pad}{key} {{\n{_pbtxt(value, depth + 1)}{pad}}}\n")
         elif isinstance(value, list) and value and isinstance(value[0], dict):
             lines.extend(f"{pad}{key} {{\n{_pbtxt(item, depth + 1)}{pad}}}\n" for item in value)

@@ -113,7 +113,7 @@ class Engine(Protocol):
 
     def triton(self, provider: Provider, settings: EngineSettings | None) -> dict[str, Any]:
         """Triton model-configuration fields that run a bundle selected on `provider` as it was gated: the
-        backend or platform and the session parameters."""
+        backend or platform, and the session `parameters` as {key: string value}."""
         ...
 
     def triton_kind(self, provider: Provider, asked: str) -> str:

@@ -251,7 +251,7 @@ class OnnxRuntime:
             if settings.gpu_mem_limit_mb is not None:
                 parameters["gpu_mem_limit"] = str(settings.gpu_mem_limit_mb * 2**20)
         fields["optimization"] = {"graph": {"level": TRITON_GRAPH_LEVELS[settings.graph_optimization]}}
-        fields["parameters"] = [{"key": key, "value": {"string_value": value}} for key, value in parameters.items()]
+        fields["parameters"] = parameters
         return fields
 
     def triton_kind(self, provider: Provider, asked: str) -> str:

@@ -269,8 +269,7 @@ class OpenVino:
             values["INFERENCE_NUM_THREADS"] = str(measured.num_threads)
         if PROVIDERS[provider].precision == "bf16":
             values["HINT_BF16"] = "YES"
-        return {"backend": TRITON_BACKEND,
-                "parameters": [{"key": key, "value": {"string_value": value}} for key, value in values.items()]}
+        return {"backend": TRITON_BACKEND, "parameters": values}
 
     def triton_kind(self, provider: Provider, asked: str) -> str:
         if asked == "KIND_GPU":

@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
+from temper.artifacts.runtime import Runtime  # noqa: E402
 from temper.artifacts.triton_extensions import model_config, statistics  # noqa: E402
 from tests.artifacts import grpc_servers  # noqa: E402
 from tests.artifacts.grpc_servers import GrpcServed, _infer, _outputs, _raw_request  # noqa: E402
@@ -72,3 +73,24 @@ def test_nan_bit_patterns_in_raw_inputs_reach_the_model(served: GrpcServed, refe
     want = _expected(reference, inputs)
     np.testing.assert_array_equal(np.isnan(got["y"]), np.isnan(want["y"]))
     assert np.isnan(got["y"]).all() and np.array_equal(got["total"], want["total"])
+
+
+def test_a_bundle_with_recorded_session_settings_serves_its_config_over_grpc(tmp_path) -> None:
+    """Bundles `temper run` writes record their session settings, which Triton's ModelConfig holds as a map
+    field; written as a list of key/value objects, ParseDict refused it and perf_analyzer -i grpc exited 99."""
+    from temper.artifacts.engines.onnxruntime import SessionSettings
+    from tests.artifacts.servers import _bundle, _tiny_model
+
+    settings = SessionSettings(intra_op_threads=1, graph_optimization="extended")
+    folder = _bundle(tmp_path / "bundle", _tiny_model(tmp_path / "tiny.onnx"), MODEL, max_batch_size=8,
+                     session=settings)
+    with grpc_servers.GrpcServed(Runtime(folder)) as served_here:
+        c = served_here.client()
+        config = c.get_model_config(MODEL).config
+        c.close()
+    assert dict(config.parameters) == {"intra_op_thread_count": mc.ModelParameter(string_value="1"),
+                                       "execution_mode": mc.ModelParameter(string_value="0")}
+    assert config.optimization.graph.level == 1
+    document = model_config(served_here.runtime)
+    assert document["parameters"] == {"intra_op_thread_count": {"string_value": "1"},
+                                      "execution_mode": {"string_value": "0"}}

@@ -97,7 +97,7 @@ def test_a_real_server_answers_tritonclient_with_the_gated_engines_outputs_batch
         http.close()
         client.close()
     assert metadata["backend"] == "openvino"
-    assert {p["key"]: p["value"]["string_value"] for p in metadata["parameters"]} == {
+    assert {key: value["string_value"] for key, value in metadata["parameters"].items()} == {  # a map, as Triton's
         "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": "1"}
     assert _counter(metrics, "nv_inference_request_success") == len(requests)
     executions = _counter(metrics, "nv_inference_exec_count")

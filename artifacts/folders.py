@@ -45,6 +45,17 @@ def replaceable(folder: Path) -> bool:
     return folder.is_dir() and not folder.is_symlink() and (is_marked(folder) or not any(folder.iterdir()))
 
 
+def overlap(folder: Path, other: Path) -> str | None:
+    """How `folder` lies against `other`, both resolved (links and `..` followed): "is", "is inside", "holds", or
+    None when neither holds the other; a folder written into either would then replace or land in the other."""
+    mine, theirs = folder.resolve(), other.resolve()
+    if mine == theirs:
+        return "is"
+    if mine.is_relative_to(theirs):
+        return "is inside"
+    return "holds" if theirs.is_relative_to(mine) else None
+
+
 def swap_in(staging: Path, target: Path) -> None:
     """Put a finished `staging` folder in place of `target` (which `replaceable` allowed); if that is
     interrupted half-way, the previous folder goes back where it was."""

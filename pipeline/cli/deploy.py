@@ -184,8 +184,9 @@ def export_triton(
         "--storage-uri", help="where the cluster finds this repository: pvc://CLAIM, s3://BUCKET or gs://BUCKET, "
                               "each with an optional /PATH")] = STORAGE_URI,
     manifests: Annotated[Path | None, typer.Option(
-        "--manifests", help="folder for the Kubernetes and KServe manifests, one subfolder per model "
-                            "(default: DEST-kubernetes, beside DEST)", show_default=False)] = None,
+        "--manifests", help="folder for the Kubernetes and KServe manifests, one subfolder per model (default: "
+                            "DEST-kubernetes, beside DEST; never DEST, in it or around it)",
+        show_default=False)] = None,
     version: Annotated[int | None, number(
         "--version", "the version folder to write (beside those already there); default: the registry version of "
                      "a models:/ model or a pulled bundle, else 1", 1, 2**63 - 1)] = None,
@@ -202,6 +203,8 @@ def export_triton(
     except BadSetting as exc:
         raise RecipeError(model, f"--{exc.field.replace('_', '-')}", str(exc)) from None
     beside = manifests or _beside(dest)
+    if manifests is not None:  # writing either folder would replace or land in the other
+        _apart(manifests, dest)
     with _located(model, tracking_uri) as (folder, config, unchecked, served):
         try:  # not a bundle, a bad --kind, a foreign folder in the way: refused before either folder is written
             given = config
@@ -231,6 +234,18 @@ def _beside(dest: Path) -> Path:
     a folder there for a model)."""
     named = dest if dest.name not in ("", ".", "..") else dest.resolve()
     return named.with_name(f"{named.name or 'repository'}-kubernetes")
+
+
+def _apart(manifests: Path, dest: Path) -> None:
+    """Refuse a --manifests folder that is the repository, lies in it or holds it: its model folder would replace
+    the repository's (every version), or Triton would take it for a model."""
+    from temper.artifacts.folders import overlap
+
+    relation = overlap(manifests, dest)
+    if relation is not None:
+        raise RecipeError(str(manifests), "--manifests", f"{relation} the repository --dest {dest}: the manifests go "
+                                                        "beside the repository, never in it nor around it; choose "
+                                                        f"another folder, e.g. the default {_beside(dest)}")
 
 
 def _warn(text: str | None) -> None:

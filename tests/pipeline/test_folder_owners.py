@@ -1,0 +1,45 @@
+"""A folder one temper command wrote is never replaced or written into by another, through the console script:
+`export-triton --manifests` never in, around or equal to its repository, `pull --dest` replaces only an earlier
+pull's folder, and an export never writes into a folder some other command owns (a run's output folder, which
+the next `temper run` replaces whole). Each refusal is one stderr line naming the flag, exit 2, nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from temper.artifacts.bundle import config_for, write
+from tests.pipeline.test_cli_contract import files, one_line, temper, tiny_model
+
+
+def _bundle(folder: Path, name: str = "tiny") -> Path:
+    model = tiny_model(folder.parent / f"{folder.name}-src" / "model.onnx")
+    return write(folder, model, config_for(model, name))
+
+
+def _refused(result, start: str, *fragments: str) -> str:
+    assert result.returncode == 2, result.stderr
+    line = one_line(result)
+    assert line.startswith(start) and all(f in line for f in fragments), line
+    return line
+
+
+# -- 1. export-triton --manifests never equal to, inside or around the repository --------------------------------
+
+
+@pytest.mark.parametrize("where", ["the-repository", "inside-it", "inside-the-model-folder", "around-it"])
+def test_export_triton_refuses_manifests_in_around_or_equal_to_the_repository(tmp_path: Path, where: str) -> None:
+    """`--manifests REPO` replaced the model folder it had just written (every version, config.pbtxt) with the
+    three Kubernetes files, exit 0; inside REPO, Triton and `temper serve REPO` take the folder for a model."""
+    bundle, repo = _bundle(tmp_path / "bundle"), tmp_path / "shared" / "repo"
+    for version in ("1", "2"):
+        done = temper("export-triton", bundle, "--dest", repo, "--version", version, "--kind", "KIND_CPU")
+        assert done.returncode == 0, done.stderr
+    manifests = {"the-repository": repo, "inside-it": repo / "k8s", "inside-the-model-folder": repo / "tiny",
+                 "around-it": tmp_path / "shared"}[where]
+    before = files(tmp_path)
+    result = temper("export-triton", bundle, "--dest", repo, "--version", "3", "--manifests", manifests)
+    _refused(result, f"error: {manifests}: --manifests: ", "beside the repository")
+    assert files(tmp_path) == before
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.name.startswith(".") and "partial" in p.name) == []

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from temper.artifacts.folders import MARKER, claim, mark, replaceable, swap_in
+from temper.artifacts.folders import MANIFESTS, MARKER, claim, mark, replaceable, swap_in
 from temper.artifacts.triton import folder_name
 
 IMAGE = "nvcr.io/nvidia/tritonserver:24.08-py3"
@@ -109,7 +109,7 @@ def write_manifests(parent: Path, model: str, cluster: Cluster) -> Path:
     try:
         for file, text in texts.items():
             (staging / file).write_text(text)
-        mark(staging, model=model, holds="kubernetes manifests")
+        mark(staging, model=model, holds=MANIFESTS)
         swap_in(staging, folder)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from temper.artifacts.bundle import config_for, write
-from tests.pipeline.test_cli_contract import files, one_line, temper, tiny_model
+from tests.pipeline.test_cli_contract import files, one_line, temper, tiny_model, tiny_recipe
+
+GATED = {"validate": {"accuracy": {"metric": "top1", "max_drop": 0.5}}}
 
 
 def _bundle(folder: Path, name: str = "tiny") -> Path:
@@ -43,3 +45,32 @@ def test_export_triton_refuses_manifests_in_around_or_equal_to_the_repository(tm
     _refused(result, f"error: {manifests}: --manifests: ", "beside the repository")
     assert files(tmp_path) == before
     assert sorted(p.name for p in tmp_path.rglob("*") if p.name.startswith(".") and "partial" in p.name) == []
+
+
+# -- 2. pull --dest replaces only an earlier pull's folder ----------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_pull_replaces_no_folder_another_command_wrote(tmp_path: Path) -> None:
+    """Any folder with temper's marker was replaced whole: a run's output folder, a Triton model folder with its
+    versions, a manifests folder. The marker says which command wrote it; only an earlier pull's is replaced."""
+    recipe = tiny_recipe(tmp_path, **GATED, publish={"mlflow": {"registered_model": "tiny"}})
+    out, repo = tmp_path / "out", tmp_path / "repo"
+    assert temper("run", recipe, "--output", out).returncode == 0
+    exported = temper("export-triton", out, "--dest", repo, "--kind", "KIND_CPU")
+    assert exported.returncode == 0, exported.stderr
+    theirs = {out: "`temper run`", repo / "tiny": "`temper export-triton`",
+              tmp_path / "repo-kubernetes" / "tiny": "`temper export-triton`"}
+    before = files(tmp_path)
+    for folder, command in theirs.items():
+        _refused(temper("pull", "models:/tiny/1", "--dest", folder), f"error: {folder}: --dest: ",
+                 f"was written by {command}", "not an earlier `temper pull`")
+    assert files(tmp_path) == before and not list(tmp_path.rglob(".*.partial-*"))
+
+    pulled = tmp_path / "pulled"
+    for _ in range(2):  # a new folder, then an earlier pull's: replaced whole
+        done = temper("pull", "models:/tiny/1", "--dest", pulled)
+        assert done.returncode == 0, done.stderr
+        (pulled / "stale.txt").write_text("left from an earlier pull")
+    assert temper("pull", "models:/tiny/1", "--dest", pulled).returncode == 0
+    assert not (pulled / "stale.txt").exists() and (pulled / "model.onnx").is_file()

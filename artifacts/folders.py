@@ -67,6 +67,16 @@ MANIFESTS = "kubernetes manifests"  # a marker's `holds`: what `write_manifests`
 RUN_OUTPUT = "run output"  # a marker's `holds`: a registered version's output folder, downloaded
 
 
+def owned_above(folder: Path) -> tuple[Path, str] | None:
+    """The nearest folder above `folder` (resolved) that a temper command wrote, with that command (a key of
+    WRITERS), or None: what is written below it goes when that command replaces its folder whole."""
+    for parent in folder.resolve().parents:
+        wrote = owner(parent)
+        if wrote is not None:
+            return parent, wrote
+    return None
+
+
 def replaceable(folder: Path, only: str | None = None) -> bool:
     """Nothing there, an empty folder, or a folder temper wrote (with `only`, a command of WRITERS: one that
     command wrote): what temper may replace."""

@@ -30,6 +30,7 @@ from temper.artifacts.folders import (
     claim,
     copy_into,
     mark,
+    owned_above,
     owner,
     replaceable,
     require_writable,
@@ -240,6 +241,9 @@ def _fetch(uri: str, tracking: str | None, dest: Path, download: Callable[[Model
     if holds is None and not replaceable(dest, only="pull"):  # a folder another command owns
         raise FolderInUse(f"{dest} was written by {WRITERS[owner(dest) or 'temper']}, not an earlier `temper pull`: "
                           "a pull would replace it whole; choose a new or empty folder")
+    if (above := owned_above(dest)) is not None:  # lost when the command that owns that folder replaces it
+        raise FolderInUse(f"{dest} lies in {above[0]}, which {WRITERS[above[1]]} wrote and may replace whole: "
+                          "choose a folder outside it")
     client = connect(tracking)
     try:
         reachable(client)

@@ -65,6 +65,9 @@ def test_pull_replaces_no_folder_another_command_wrote(tmp_path: Path) -> None:
     for folder, command in theirs.items():
         _refused(temper("pull", "models:/tiny/1", "--dest", folder), f"error: {folder}: --dest: ",
                  f"was written by {command}", "not an earlier `temper pull`")
+    for inside in (out / "bundle", repo / "tiny" / "9"):  # lost when that command replaces its folder (#36.3)
+        _refused(temper("pull", "models:/tiny/1", "--dest", inside), f"error: {inside}: --dest: ",
+                 f"lies in {inside.parent}, which `temper ", "choose a folder outside it")
     assert files(tmp_path) == before and not list(tmp_path.rglob(".*.partial-*"))
 
     pulled = tmp_path / "pulled"
@@ -74,3 +77,30 @@ def test_pull_replaces_no_folder_another_command_wrote(tmp_path: Path) -> None:
         (pulled / "stale.txt").write_text("left from an earlier pull")
     assert temper("pull", "models:/tiny/1", "--dest", pulled).returncode == 0
     assert not (pulled / "stale.txt").exists() and (pulled / "model.onnx").is_file()
+
+
+# -- 3. an export never writes into a folder another command owns ---------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["model-folder-is-the-runs", "dest-is-the-run", "dest-inside-the-run",
+                                   "manifests-folder-is-the-runs", "manifests-inside-the-run"])
+def test_export_triton_never_writes_into_a_folder_another_command_owns(tmp_path: Path, where: str) -> None:
+    """The README's defaults put a run in out/NAME: `export-triton out/NAME --dest out` wrote its version and
+    config.pbtxt into the run's output folder, exit 0, and the next `temper run` deleted them without a word."""
+    recipe, out = tiny_recipe(tmp_path, **GATED), tmp_path / "out"
+    run = out / "tiny"  # the model's name is the recipe's: the folder it exports into is the run's own
+    assert temper("run", recipe, "--output", run).returncode == 0
+    flag, folder, options = {
+        "model-folder-is-the-runs": ("--dest", out, ["--dest", out]),
+        "dest-is-the-run": ("--dest", run, ["--dest", run]),
+        "dest-inside-the-run": ("--dest", run / "repo", ["--dest", run / "repo"]),
+        "manifests-folder-is-the-runs": ("--manifests", out, ["--dest", tmp_path / "repo", "--manifests", out]),
+        "manifests-inside-the-run": ("--manifests", run / "k8s",
+                                     ["--dest", tmp_path / "repo", "--manifests", run / "k8s"]),
+    }[where]
+    before = files(tmp_path)
+    line = _refused(temper("export-triton", run, *options, "--kind", "KIND_CPU"), f"error: {folder}: {flag}: ",
+                    "`temper run`")
+    assert "choose" in line, line
+    assert files(tmp_path) == before and not (tmp_path / "repo").exists()
+    assert not [p for p in tmp_path.rglob(".*") if "partial" in p.name]

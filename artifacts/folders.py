@@ -29,20 +29,76 @@ def mark(folder: Path, **about: str) -> None:
     (folder / MARKER).write_text(json.dumps({"tool": "temper", "version": version, **about}) + "\n")
 
 
-def is_marked(folder: Path) -> bool:
-    """Whether temper wrote `folder`: its marker is there and says so."""
+def _about(folder: Path) -> dict | None:
+    """The marker's record, when temper wrote `folder`."""
     try:
         about = json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(about, dict) and about.get("tool") == "temper"
+        return None
+    return about if isinstance(about, dict) and about.get("tool") == "temper" else None
 
 
-def replaceable(folder: Path) -> bool:
-    """Nothing there, an empty folder, or a folder temper wrote: what temper may replace."""
+def is_marked(folder: Path) -> bool:
+    """Whether temper wrote `folder`: its marker is there and says so."""
+    return _about(folder) is not None
+
+
+def owner(folder: Path) -> str | None:
+    """The command that wrote `folder`, from what its marker records (markers of every temper version carry it):
+    a key of WRITERS, "temper" for a marker that names none of them, None without a marker."""
+    about = _about(folder)
+    if about is None:
+        return None
+    holds = about.get("holds")
+    if holds == MANIFESTS:
+        return "manifests"
+    if holds == RUN_OUTPUT:
+        return "validate --model"
+    for key, command in (("pulled", "pull"), ("recipe", "run"), ("model", "export-triton")):
+        if key in about:
+            return command
+    return "temper"
+
+
+WRITERS = {"pull": "`temper pull`", "run": "`temper run`", "export-triton": "`temper export-triton` (a Triton model)",
+           "manifests": "`temper export-triton` (Kubernetes manifests)",
+           "validate --model": "`temper validate --model` (a registered version's run)", "temper": "temper"}
+MANIFESTS = "kubernetes manifests"  # a marker's `holds`: what `write_manifests` puts in a folder
+RUN_OUTPUT = "run output"  # a marker's `holds`: a registered version's output folder, downloaded
+
+
+def owned_above(folder: Path) -> tuple[Path, str] | None:
+    """The nearest folder above `folder` (resolved) that a temper command wrote, with that command (a key of
+    WRITERS), or None: what is written below it goes when that command replaces its folder whole."""
+    for parent in folder.resolve().parents:
+        wrote = owner(parent)
+        if wrote is not None:
+            return parent, wrote
+    return None
+
+
+def replaceable(folder: Path, only: str | None = None) -> bool:
+    """Nothing there, an empty folder, or a folder temper wrote (with `only`, a command of WRITERS: one that
+    command wrote): what temper may replace."""
     if not folder.exists():
         return True
-    return folder.is_dir() and not folder.is_symlink() and (is_marked(folder) or not any(folder.iterdir()))
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    if not any(folder.iterdir()):
+        return True
+    wrote = owner(folder)
+    return wrote is not None and (only is None or wrote == only)
+
+
+def overlap(folder: Path, other: Path) -> str | None:
+    """How `folder` lies against `other`, both resolved (links and `..` followed): "is", "is inside", "holds", or
+    None when neither holds the other; a folder written into either would then replace or land in the other."""
+    mine, theirs = folder.resolve(), other.resolve()
+    if mine == theirs:
+        return "is"
+    if mine.is_relative_to(theirs):
+        return "is inside"
+    return "holds" if theirs.is_relative_to(mine) else None
 
 
 def swap_in(staging: Path, target: Path) -> None:

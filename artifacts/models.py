@@ -242,6 +242,11 @@ class Models:
             return self._guards.setdefault(name, threading.Lock())
 
     def _load(self, name: str) -> Loaded:
+        if name not in self.catalog.names():  # not a model here: refused before anything is kept for its name
+            with self._lock:
+                kept = name in self._loaded or name in self._states
+            if not kept:
+                self.catalog.locate(name)  # LoadFailed; a folder copied in since names() read is loaded below
         with self._guard(name):
             try:
                 source = self.catalog.locate(name)

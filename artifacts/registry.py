@@ -23,7 +23,20 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.tracking import MlflowClient
 
 from temper.artifacts.bundle import CONFIG
-from temper.artifacts.folders import MARKER, claim, copy_into, mark, replaceable, require_writable, swap_in, sweep
+from temper.artifacts.folders import (
+    MARKER,
+    RUN_OUTPUT,
+    WRITERS,
+    claim,
+    copy_into,
+    mark,
+    owned_above,
+    owner,
+    replaceable,
+    require_writable,
+    swap_in,
+    sweep,
+)
 from temper.artifacts.integrity import Mismatch, check_bundle
 
 DEFAULT_DB = "mlflow.db"
@@ -213,15 +226,24 @@ def fetch_output(uri: str, tracking: str | None, dest: Path) -> Fetched:
                                     "(output/manifest.json)")
         return local
 
-    return _fetch(uri, tracking, dest, output_of)
+    return _fetch(uri, tracking, dest, output_of, RUN_OUTPUT)
 
 
-def _fetch(uri: str, tracking: str | None, dest: Path, download: Callable[[ModelVersion, str], Path]) -> Fetched:
+def _fetch(uri: str, tracking: str | None, dest: Path, download: Callable[[ModelVersion, str], Path],
+           holds: str | None = None) -> Fetched:
+    """`holds`: None for a bundle (`dest` new, empty or an earlier pull's), else what the marker records `dest`
+    holds (`dest` new, empty or any folder temper wrote, as `temper validate --output` takes)."""
     if dest.exists() and not dest.is_dir():
         raise FolderInUse(f"{dest} is a file, not a folder: choose a new or empty folder")
     if not replaceable(dest):
         raise FolderInUse(f"{dest} is not empty and temper did not download into it (no {MARKER} marker): "
                           "its files would be overwritten; choose a new or empty folder, or delete it")
+    if holds is None and not replaceable(dest, only="pull"):  # a folder another command owns
+        raise FolderInUse(f"{dest} was written by {WRITERS[owner(dest) or 'temper']}, not an earlier `temper pull`: "
+                          "a pull would replace it whole; choose a new or empty folder")
+    if (above := owned_above(dest)) is not None:  # lost when the command that owns that folder replaces it
+        raise FolderInUse(f"{dest} lies in {above[0]}, which {WRITERS[above[1]]} wrote and may replace whole: "
+                          "choose a folder outside it")
     client = connect(tracking)
     try:
         reachable(client)
@@ -242,7 +264,7 @@ def _fetch(uri: str, tracking: str | None, dest: Path, download: Callable[[Model
                 raise
             except (ValueError, FileNotFoundError, mlflow.exceptions.MlflowException) as exc:
                 raise NoSuchModel(_first_line(exc)) from exc
-            _deliver(source, staging, dest, f"models:/{found.name}/{found.version}")
+            _deliver(source, staging, dest, f"models:/{found.name}/{found.version}", holds)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return Fetched(found.name, str(found.version), dest, dict(found.tags), found.run_id or "")
@@ -277,13 +299,13 @@ def _staging(dest: Path) -> Path:
         raise CannotWrite(exc.errno, exc.strerror, exc.filename) from exc
 
 
-def _deliver(source: Path, staging: Path, dest: Path, uri: str) -> None:
+def _deliver(source: Path, staging: Path, dest: Path, uri: str, holds: str | None) -> None:
     """Copy `source` into `staging`, mark it as temper's and swap it in place of `dest` whole: no file of an
     earlier download lingers beside the new ones, and a failed or interrupted copy leaves `dest` as it was."""
     try:
         copy_into(source, staging)
         (staging / MARKER).unlink(missing_ok=True)  # a logged output folder's own marker: replaced by this one
-        mark(staging, pulled=uri)
+        mark(staging, pulled=uri, **({"holds": holds} if holds else {}))
         swap_in(staging, dest)
     except OSError as exc:
         raise CannotWrite(exc.errno, exc.strerror, exc.filename) from exc

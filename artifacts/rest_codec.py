@@ -244,12 +244,12 @@ def _split(body: bytes | bytearray, header_length: bytes | None) -> tuple[dict, 
     view = memoryview(body)
     end = len(body)
     if header_length is not None:  # digits no longer than the body's length has, before int() (which refuses 4,301)
-        if (not header_length.isdigit() or len(header_length.lstrip(b"0")) > len(str(len(body)))
-                or int(header_length) > len(body)):
+        digits = header_length.lstrip(b"0") or b"0"  # leading zeros count toward int()'s limit: a valid length's too
+        if not header_length.isdigit() or len(digits) > len(str(len(body))) or int(digits) > len(body):
             shown = header_length[:24].decode(errors="replace") + ("..." if len(header_length) > 24 else "")
             raise RequestError(f"Inference-Header-Content-Length {shown!r} ({len(header_length):,} characters) "
                                f"is not a length within the {len(body)}-byte body")
-        end = int(header_length)
+        end = int(digits)
     try:
         request = orjson.loads(view[:end])
     except orjson.JSONDecodeError as exc:

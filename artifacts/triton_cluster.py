@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from temper.artifacts.folders import MARKER, claim, mark, replaceable, swap_in
+from temper.artifacts.folders import MANIFESTS, MARKER, WRITERS, claim, mark, owner, replaceable, swap_in
 from temper.artifacts.triton import folder_name
 
 IMAGE = "nvcr.io/nvidia/tritonserver:24.08-py3"
@@ -90,12 +90,15 @@ def manifests(model: str, cluster: Cluster) -> dict[str, dict]:
 
 
 def writable(parent: Path, model: str) -> Path:
-    """parent/<model>, when `write_manifests` may write it (nothing there, empty, or temper's own);
+    """parent/<model>, when `write_manifests` may write it (nothing there, empty, or manifests temper wrote);
     ValueError or FileExistsError saying why not. Asked before anything is exported."""
     folder = parent / folder_name(model)
     if not replaceable(folder):
         raise FileExistsError(f"{folder} exists and temper did not write it (no {MARKER} marker): "
                               "delete it or choose another --manifests")
+    if not replaceable(folder, only="manifests"):
+        raise FileExistsError(f"{folder} was written by {WRITERS[owner(folder) or 'temper']}, not as manifests: "
+                              "choose another --manifests")
     return folder
 
 
@@ -109,7 +112,7 @@ def write_manifests(parent: Path, model: str, cluster: Cluster) -> Path:
     try:
         for file, text in texts.items():
             (staging / file).write_text(text)
-        mark(staging, model=model, holds="kubernetes manifests")
+        mark(staging, model=model, holds=MANIFESTS)
         swap_in(staging, folder)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

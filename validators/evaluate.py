@@ -29,7 +29,7 @@ class Kept(Protocol):
 def predict(path: Path, features: dict[str, np.ndarray], batch_size: int,
             layout: Layout = AXIS0, engine: str = "cpu", kept: Kept | None = None) -> dict[str, np.ndarray]:
     """Every output of the model at `path` over every row of `features` (samples first), run on `engine`
-    (a row of artifacts.providers; ONNX Runtime's CPU by default) in batches laid out by `layout`,
+    (a row of artifacts.engines.providers; ONNX Runtime's CPU by default) in batches laid out by `layout`,
     samples first again. On another engine the session is the one the speed gates measure there
     (throughput.session_for): a pair is gated on the outputs of the engine that would serve it.
     With `kept`, outputs computed before for the same model bytes, data, batching, engine and host

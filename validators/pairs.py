@@ -20,7 +20,7 @@ SEPARATOR = "@"
 @dataclass(frozen=True)
 class Pair:
     model: str  # the baseline or a candidate: its folder in the run's output
-    engine: str  # a row of artifacts.providers
+    engine: str  # a row of artifacts.engines.providers
 
     def key(self, reference: str) -> str:
         """The pair's name in report.json: the model's own on the reference engine, else model@engine."""

@@ -7,7 +7,7 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, PositiveInt, StringConstraints, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, PositiveInt, StringConstraints, model_validator
 
 from temper.artifacts.engines.providers import Provider
 from temper.artifacts.strict import Identifier, Strict
@@ -80,6 +80,22 @@ class AccuracyGate(Strict):
         return self
 
 
+def _cosine_bound(value: float | None) -> float | None:
+    if value is not None and value <= -1:
+        raise ValueError(f"{value:g} can never be missed (a cosine is never below -1), so this gate could never fail: "
+                         "give the agreement you need, e.g. 0.99")
+    return value
+
+
+def _error_bound(value: float | None) -> float | None:
+    if value is not None and math.isinf(value):
+        raise ValueError(f"{value!r} can never be exceeded (no finite error exceeds it, and NaN or Inf fails on its "
+                         "own), so this gate could never fail: give the largest error you accept, e.g. 0.05")
+    return value
+
+
+CosineMin = Annotated[float | None, Field(ge=-1, le=1), AfterValidator(_cosine_bound)]
+ErrorMax = Annotated[float | None, Field(ge=0), AfterValidator(_error_bound)]
 SliceName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")]
 
 
@@ -93,9 +109,9 @@ class FidelitySlice(Strict):
     start: int = Field(0, ge=0)
     stop: int | None = Field(None, ge=1, description="exclusive (default: the end of the axis)")
     name: SliceName | None = Field(None, description="its name in gates and reports (default: output.axisA.start-stop)")
-    cosine_min: float | None = Field(None, ge=-1, le=1)
-    atol: float | None = Field(None, ge=0, description="largest allowed absolute error in the slice")
-    rel_l2_max: float | None = Field(None, ge=0, description="largest allowed ||candidate - baseline|| / ||baseline||")
+    cosine_min: CosineMin = None
+    atol: ErrorMax = Field(None, description="largest allowed absolute error in the slice")
+    rel_l2_max: ErrorMax = Field(None, description="largest allowed ||candidate - baseline|| / ||baseline||")
 
     @model_validator(mode="after")
     def _bounded(self) -> FidelitySlice:
@@ -115,10 +131,10 @@ class FidelityGate(Strict):
     """Per-output agreement with the baseline on the evaluation set; any NaN/Inf always fails. `slices`
     gate parts of an output on their own bounds, beside (not instead of) the whole-output ones."""
 
-    cosine_min: float | None = Field(None, ge=-1, le=1)
-    atol: float | None = Field(None, ge=0, description="largest allowed absolute error per output")
-    rel_l2_max: float | None = Field(
-        None, ge=0, description="largest allowed relative error ||candidate - baseline|| / ||baseline|| per output")
+    cosine_min: CosineMin = None
+    atol: ErrorMax = Field(None, description="largest allowed absolute error per output")
+    rel_l2_max: ErrorMax = Field(
+        None, description="largest allowed relative error ||candidate - baseline|| / ||baseline|| per output")
     slices: list[FidelitySlice] = Field(default_factory=list)
 
     @model_validator(mode="after")

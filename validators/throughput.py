@@ -33,7 +33,7 @@ _PERCENTILES = (50, 90, 95, 99)
 
 @dataclass(frozen=True)
 class Measurement:
-    provider: str  # a row of artifacts.providers: "cpu", "cuda", "tensorrt", "openvino", "openvino-bf16"
+    provider: str  # a row of artifacts.engines.providers: "cpu", "cuda", "tensorrt", "openvino", "openvino-bf16"
     batch_size: int
     runs: int  # timed inference calls
     samples: int  # runs * batch_size: what the count claims

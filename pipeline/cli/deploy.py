@@ -184,8 +184,9 @@ def export_triton(
         "--storage-uri", help="where the cluster finds this repository: pvc://CLAIM, s3://BUCKET or gs://BUCKET, "
                               "each with an optional /PATH")] = STORAGE_URI,
     manifests: Annotated[Path | None, typer.Option(
-        "--manifests", help="folder for the Kubernetes and KServe manifests, one subfolder per model "
-                            "(default: DEST-kubernetes, beside DEST)", show_default=False)] = None,
+        "--manifests", help="folder for the Kubernetes and KServe manifests, one subfolder per model (default: "
+                            "DEST-kubernetes, beside DEST; never DEST, in it or around it)",
+        show_default=False)] = None,
     version: Annotated[int | None, number(
         "--version", "the version folder to write (beside those already there); default: the registry version of "
                      "a models:/ model or a pulled bundle, else 1", 1, 2**63 - 1)] = None,
@@ -194,7 +195,7 @@ def export_triton(
     """Write a Triton model repository (config.pbtxt with dynamic batching and warm-up) for a model, and the
     Kubernetes Deployment, Service and KServe InferenceService that run it on a cluster."""
     from temper.artifacts.bundle import read
-    from temper.artifacts.triton import differences, export_repository
+    from temper.artifacts.triton import differences, export_repository, folder_name
     from temper.artifacts.triton_cluster import FILES, BadSetting, Cluster, writable, write_manifests
 
     try:  # before anything is read or written
@@ -202,10 +203,20 @@ def export_triton(
     except BadSetting as exc:
         raise RecipeError(model, f"--{exc.field.replace('_', '-')}", str(exc)) from None
     beside = manifests or _beside(dest)
+    if manifests is not None:  # writing either folder would replace or land in the other
+        _apart(manifests, dest)
+    for flag, parent in (("--dest", dest), ("--manifests", beside)):
+        _unowned(flag, parent)
     with _located(model, tracking_uri) as (folder, config, unchecked, served):
-        try:  # not a bundle, a bad --kind, a foreign folder in the way: refused before either folder is written
-            given = config
+        given = config
+        try:
             config = config or read(folder)
+            name = folder_name(config.name)
+        except Exception as exc:
+            raise RecipeError(model, "MODEL", first_line(exc)) from exc
+        _unowned("--dest", dest, dest / name, "export-triton")
+        _unowned("--manifests", beside, beside / name, "manifests")
+        try:  # not a bundle, a bad --kind, a foreign folder in the way: refused before either folder is written
             writable(beside, config.name)
             written = export_repository(folder, dest, instances=instances, kind=kind, config=given,
                                         version=str(version or served), evidence=_vouching_output(folder, given))
@@ -231,6 +242,38 @@ def _beside(dest: Path) -> Path:
     a folder there for a model)."""
     named = dest if dest.name not in ("", ".", "..") else dest.resolve()
     return named.with_name(f"{named.name or 'repository'}-kubernetes")
+
+
+def _apart(manifests: Path, dest: Path) -> None:
+    """Refuse a --manifests folder that is the repository, lies in it or holds it: its model folder would replace
+    the repository's (every version), or Triton would take it for a model."""
+    from temper.artifacts.folders import overlap
+
+    relation = overlap(manifests, dest)
+    if relation is not None:
+        raise RecipeError(str(manifests), "--manifests", f"{relation} the repository --dest {dest}: the manifests go "
+                                                        "beside the repository, never in it nor around it; choose "
+                                                        f"another folder, e.g. the default {_beside(dest)}")
+
+
+def _unowned(flag: str, given: Path, folder: Path | None = None, only: str | None = None) -> None:
+    """Refuse writing into a folder another temper command owns (its marker says which): `given` (what `flag`
+    names) or a folder above it, which that command replaces whole when it runs again; with `only`, `folder`
+    (the model's folder in `given`) may be new, empty or that command's own only."""
+    from temper.artifacts.folders import WRITERS, owned_above, owner
+
+    if folder is not None:
+        wrote = owner(folder)
+        if wrote not in (None, only):
+            raise RecipeError(str(given), flag, f"{folder} was written by {WRITERS[wrote]}: an export would write into "
+                                                "it; choose another folder")
+        return
+    if (wrote := owner(given)) is not None:
+        raise RecipeError(str(given), flag, f"was written by {WRITERS[wrote]} and is that command's folder: "
+                                            "choose a folder of its own")
+    if (above := owned_above(given)) is not None:
+        raise RecipeError(str(given), flag, f"lies in {above[0]}, which {WRITERS[above[1]]} wrote and may "
+                                            "replace whole: choose a folder outside it")
 
 
 def _warn(text: str | None) -> None:

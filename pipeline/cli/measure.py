@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
 from rich.table import Table
 
@@ -66,13 +68,14 @@ def bench(
         if not name or not value.isdecimal() or int(value) < 1:  # isdigit() passes '²', which int() refuses
             raise RecipeError(file, "--dim", f"expected NAME=SIZE with SIZE a positive integer, got '{item}'")
         given[name] = int(value)
-    values: dict[str, float] = {}
+    texts: dict[str, str] = {}
     for item in scalar or []:
         name, _, number = item.partition("=")
         try:
-            values[name] = float(number)
+            float(number)
         except ValueError:
             raise RecipeError(file, "--value", f"expected INPUT=NUMBER, got '{item}'") from None
+        texts[name] = number
     if not model.is_file():
         raise RecipeError(file, "MODEL", "file not found")
     try:
@@ -81,10 +84,17 @@ def bench(
     except Exception as exc:
         raise RecipeError(file, "MODEL", f"not a valid ONNX model: {first_line(exc)}") from exc
     scalars = [name for name, shape in dims(structure).items() if not shape]
-    stray = [name for name in values if name not in scalars]
+    stray = [name for name in texts if name not in scalars]
     if stray:
         raise RecipeError(file, "--value", f"'{stray[0]}' is not a scalar input of the model "
                                            f"(its scalar inputs: {', '.join(scalars) or 'none'})")
+    types = {v.name: v.type.tensor_type.elem_type for v in structure.graph.input}
+    values: dict[str, float] = {}
+    for name, text in texts.items():
+        try:
+            values[name] = _held(name, text, onnx.helper.tensor_dtype_to_np_dtype(types[name]))
+        except ValueError as exc:
+            raise RecipeError(file, "--value", f"'{name}={text}': {exc}") from None
     layout = graph_layout(structure, values)
     try:
         one_row = random_inputs(structure, 1, given, layout)
@@ -131,3 +141,21 @@ def bench(
                      f"{engine} (as temper serve runs it)")
     out.print(table)
 
+
+def _held(name: str, text: str, dtype: np.dtype) -> float:
+    """The number `text` as the scalar input `name` of `dtype` holds it exactly; ValueError saying why it cannot
+    (NaN or an infinity, a fraction for an integer input, a number past the type's range)."""
+    number = float(text)
+    if not math.isfinite(number):  # 1e400 too: float() makes it an infinity
+        raise ValueError("not a finite number; give the value the model is run with, e.g. sr=16000")
+    if dtype.kind == "f":
+        if abs(number) > float(np.finfo(dtype).max):
+            raise ValueError(f"outside {dtype.name}'s range (at most {float(np.finfo(dtype).max):g} either way)")
+        return number
+    exact = int(text) if text.strip().lstrip("+-").isdecimal() else (int(number) if number.is_integer() else None)
+    if exact is None:  # numpy would cut 1.5 to 1 without a word
+        raise ValueError(f"'{name}' is an {dtype.name} input: give an integer")
+    low, high = (0, 1) if dtype.kind == "b" else (int(np.iinfo(dtype).min), int(np.iinfo(dtype).max))
+    if not low <= exact <= high:
+        raise ValueError(f"outside {dtype.name}'s range [{low}, {high}]")
+    return exact

@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from temper.artifacts.errors import RecipeError, first_line
+from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line
 
 if TYPE_CHECKING:
     from temper.artifacts.bundle import ServingConfig
@@ -83,6 +83,8 @@ def _single(model: str, folder: Path, config: ServingConfig | None, unchecked: s
     before = psutil.Process().memory_info().rss
     try:
         runtime = Runtime(folder, config=config, instances=instances)
+    except EnvironmentProblem:  # this host lacks what the bundle needs (OpenVINO, native BF16): exit 3, not the bundle
+        raise
     except Exception as exc:  # an invalid runtime.json, a model onnxruntime cannot load
         raise RecipeError(model, "MODEL", f"cannot load the bundle: {first_line(exc)}; {PULL_AGAIN}") from exc
     growth = max(0, psutil.Process().memory_info().rss - before)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -245,3 +246,24 @@ def test_a_host_that_is_not_an_address_is_a_bad_flag(temper, tiny: Path) -> None
     (line,) = result.stderr.strip().splitlines()
     assert result.code == 2 and "serving" not in result.stdout, result
     assert "--host: 'no-such-host.invalid' is not an address to listen on" in line, line
+
+
+@pytest.mark.parametrize("instances", [[], ["--instances", "0"]], ids=["default-instances", "in-process"])
+def test_serving_an_openvino_pick_without_openvino_says_to_install_it(tmp_path: Path, instances: list[str]) -> None:
+    """An environment that lacks a package is exit 3 with the install line; it was exit 2 and "pull it again",
+    as if the bundle were broken (#36.17). OpenVINO is hidden by a package of its name that cannot be imported,
+    in this process and any worker it starts."""
+    from tests.pipeline.test_cli_contract import one_line
+    from tests.pipeline.test_cli_contract import temper as console
+
+    model = _tiny_model(tmp_path / "tiny.onnx")
+    folder = bundle.write(tmp_path / "bundle", model, bundle.config_for(model, MODEL, engine="openvino"))
+    hidden = tmp_path / "no-openvino" / "openvino"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError(\"No module named 'openvino'\")\n")
+    path = os.pathsep.join([str(hidden.parent), *filter(None, [os.environ.get("PYTHONPATH")])])
+    result = console("serve", folder, "--port", "0", *instances, PYTHONPATH=path)
+    assert result.returncode == 3, result.stderr
+    line = one_line(result)
+    assert "pip install 'temper-ml[openvino]'" in line and "pull it again" not in line, line
+    assert "serving" not in result.stdout

@@ -139,6 +139,19 @@ def test_a_budget_that_can_never_fail_is_refused(tmp_path, metric, budget):
     _bad(_temper("check", recipe), recipe, "validate.accuracy", "can never be exceeded")
 
 
+@pytest.mark.parametrize("fidelity, key, fragment", [
+    ({"cosine_min": -1}, "validate.fidelity.cosine_min", "a cosine is never below -1"),
+    ({"atol": float("inf")}, "validate.fidelity.atol", "no finite error exceeds it"),
+    ({"rel_l2_max": float("inf")}, "validate.fidelity.rel_l2_max", "no finite error exceeds it"),
+    ({"slices": [{"output": "y", "axis": 1, "cosine_min": -1.0}]}, "validate.fidelity.slices[0].cosine_min",
+     "a cosine is never below -1"),
+], ids=["cosine_min", "atol", "rel_l2_max", "slice"])
+def test_a_fidelity_bound_that_can_never_fail_is_refused(tmp_path, fidelity, key, fragment):
+    """As vacuous accuracy budgets and speed-gate options are: `check` passed a gate every candidate passes."""
+    recipe = _tiny(tmp_path, {"fidelity": fidelity})
+    _bad(_temper("check", recipe), recipe, key, fragment, "could never fail")
+
+
 def test_a_declared_shape_the_onnx_model_contradicts(tmp_path):
     data = _recipe(tmp_path, {})
     data["model"]["inputs"] = [{"name": "x", "shape": ["batch", 3]}]

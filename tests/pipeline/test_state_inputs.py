@@ -196,3 +196,21 @@ def test_bench_batches_the_state_on_its_own_axis_and_takes_the_sample_rate(tempe
     line = _one_error(temper("bench", vad.parent / "vad.onnx", "--value", "rate=1"), vad.parent / "vad.onnx",
                       "--value: ")
     assert "'rate' is not a scalar input of the model (its scalar inputs: sr)" in line
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("nan", "not a finite number"), ("inf", "not a finite number"), ("1e400", "not a finite number"),
+    ("9223372036854775808", "outside int64's range"), ("-9223372036854775809", "outside int64's range"),
+    ("1.5", "'sr' is an int64 input: give an integer"),
+])
+def test_bench_refuses_a_value_its_scalar_input_cannot_hold(vad: Path, value: str, fragment: str) -> None:
+    """NaN, an infinity and an integer past int64 for the int64 `sr` were a traceback, exit 1; 1.5 was cut to 1."""
+    from tests.pipeline.test_cli_contract import one_line
+    from tests.pipeline.test_cli_contract import temper as console
+
+    model = vad.parent / "vad.onnx"
+    result = console("bench", model, "--batch-sizes", "1", "--duration", "0.05", "--warmup", "0",
+                     "--value", f"sr={value}")
+    assert result.returncode == 2, result.stderr
+    line = one_line(result)
+    assert line.startswith(f"error: {model}: --value: ") and f"sr={value}" in line and fragment in line, line

@@ -92,8 +92,8 @@ class ServingConfig(BaseModel):
     )
     gated_with: dict[str, str] = Field(
         default_factory=dict,
-        description="library versions the bundle's gates ran on (onnxruntime, onnx, numpy, temper-ml); serving "
-                    "warns when it runs on others",
+        description="library versions the bundle's gates ran on (onnxruntime, or onnxruntime-gpu for the CUDA "
+                    "build, onnx, numpy, temper-ml); serving warns when it runs on others",
     )
 
     def layout(self) -> Layout:

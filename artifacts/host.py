@@ -1,8 +1,9 @@
 """What machine this is, as far as model speed and numerics care: the CPU and the ISA features
 that decide INT8/FP16/BF16 kernels, the cores this process may really use, memory, ONNX
-Runtime's providers and any NVIDIA GPU. Published with every speed figure, so a number always
-says where it was measured; read again by `temper serve` to warn when the serving host lacks
-what a bundle's speed was verified with. Imports nothing from the rest of temper.
+Runtime's providers and any NVIDIA GPU with the stack a GPU engine runs on (driver, CUDA, cuDNN,
+onnxruntime-gpu, TensorRT: artifacts/nvidia.py reads them). Published with every speed figure, so a
+number always says where it was measured; read again by `temper serve` to warn when the serving host
+lacks what a bundle's speed was verified with. Imports nothing from the rest of temper but nvidia.py.
 
 Every probe is best-effort: an unknown OS or CPU yields empty fields, never an exception.
 """
@@ -14,8 +15,6 @@ import importlib.metadata
 import math
 import os
 import platform
-import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,8 @@ from typing import Any
 
 import psutil
 from pydantic import BaseModel, ConfigDict
+
+from temper.artifacts import nvidia
 
 # The features that decide which INT8/FP16/BF16 kernels ONNX Runtime can use, by the names
 # Linux gives them in /proc/cpuinfo (x86 "flags", arm64 "Features").
@@ -57,6 +58,12 @@ class HostProfile(BaseModel):
     providers: list[str]  # the execution providers this onnxruntime offers
     gpus: list[Gpu]
     openvino: str | None = None  # the installed OpenVINO runtime's version (the openvino engines), None: absent
+    # The NVIDIA stack the cuda and tensorrt engines run on; each None where absent (a CPU host: all of them).
+    nvidia_driver: str | None = None  # the NVIDIA driver's version (nvidia-smi)
+    cuda: str | None = None  # the CUDA version the installed ONNX Runtime was built for (a GPU build's build info)
+    cudnn: str | None = None  # cuDNN's version, as its nvidia-cudnn wheel installed it
+    onnxruntime_gpu: str | None = None  # the onnxruntime-gpu distribution's version: the build `onnxruntime` is
+    tensorrt: str | None = None  # TensorRT's version, from its wheels' metadata
 
     @property
     def x86(self) -> bool:
@@ -83,7 +90,14 @@ class HostProfile(BaseModel):
         memory = f", {self.memory_gib:.0f} GiB" if self.memory_gib else ""
         openvino = f", openvino {self.openvino}" if self.openvino else ""
         return (f"{self.cpu} ({self.arch}: {features}), {self.usable_cores} usable cores{memory}, "
-                f"onnxruntime {self.onnxruntime or '?'}{openvino}{gpus}")
+                f"onnxruntime {self.onnxruntime or '?'}{openvino}{gpus}{self.gpu_stack()}")
+
+    def gpu_stack(self) -> str:
+        """", driver 580.159.03, CUDA 13.0, cuDNN 9.20.0.48, onnxruntime-gpu 1.31.1, TensorRT 10.16.1.11": what
+        of the NVIDIA stack is here (empty on a CPU host)."""
+        parts = [("driver", self.nvidia_driver), ("CUDA", self.cuda), ("cuDNN", self.cudnn),
+                 ("onnxruntime-gpu", self.onnxruntime_gpu), ("TensorRT", self.tensorrt)]
+        return "".join(f", {name} {value}" for name, value in parts if value)
 
     def missing(self, other: HostProfile) -> list[str]:
         """Features `other` has that this host lacks; empty when either side's list is unknown."""
@@ -99,13 +113,16 @@ def profile() -> HostProfile:
     wanted = ARM_FEATURES if arch.lower() in ("aarch64", "arm64") else X86_FEATURES
     features = [_ARM_NAMES.get(f, f) for f in wanted if f in flags] if flags is not None else []
     ort_version, providers = _onnxruntime()
+    stack = _nvidia()
     memory = None
     with contextlib.suppress(Exception):
         memory = round(psutil.virtual_memory().total / 2**30, 1)
     return HostProfile(cpu=cpu or platform.processor() or arch, arch=arch, features=features,
                        features_known=flags is not None, usable_cores=usable_cores(), logical_cpus=os.cpu_count(),
-                       memory_gib=memory, onnxruntime=ort_version, providers=providers, gpus=_gpus(),
-                       openvino=_installed("openvino"))
+                       memory_gib=memory, onnxruntime=ort_version, providers=providers,
+                       gpus=[Gpu(name=c.name, compute_capability=c.compute_capability) for c in stack.cards],
+                       openvino=_installed("openvino"), nvidia_driver=stack.driver, cuda=stack.cuda,
+                       cudnn=stack.cudnn, onnxruntime_gpu=stack.onnxruntime_gpu, tensorrt=stack.tensorrt)
 
 
 def usable_cores() -> int:
@@ -178,22 +195,12 @@ def _installed(package: str) -> str | None:
     return None
 
 
-def _gpus() -> list[Gpu]:
-    """NVIDIA GPUs with their compute capability, from nvidia-smi (absent: no GPU to report)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
+def _nvidia() -> nvidia.Facts:
+    """NVIDIA GPUs (nvidia-smi: name, compute capability, driver) and the CUDA stack installed beside them."""
     try:
-        done = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    gpus = []
-    for line in done.stdout.strip().splitlines():
-        name, _, capability = (part.strip() for part in line.partition(","))
-        if name:
-            gpus.append(Gpu(name=name, compute_capability=capability or None))
-    return gpus
+        return nvidia.read_facts()
+    except Exception:  # a probe that breaks: the profile still stands, without the GPU side
+        return nvidia.Facts((), "not read", None, None, None, None, None, None)
 
 
 @dataclass(frozen=True)

@@ -150,13 +150,15 @@ def input_example(config: ServingConfig) -> dict[str, np.ndarray]:
 def pinned_requirements(row: str = "cpu") -> list[str]:
     """The installed versions the model was verified with, with the packages the runtime of its row needs
     (a model selected on OpenVINO requires the openvino the gates ran it on, and only that model does);
-    onnxruntime-gpu stands in for onnxruntime on hosts that have it instead."""
+    onnxruntime-gpu stands in for onnxruntime on hosts that have it instead, with its CUDA and cuDNN wheels
+    (its `cuda,cudnn` extras), which a GPU serving host needs as much as the runtime."""
     pins = []
     for package in (*REQUIREMENTS, *engines.of(row).packages):
         candidates = ("onnxruntime-gpu", package) if package == "onnxruntime" else (package,)
         for candidate in candidates:
             try:
-                pins.append(f"{candidate}=={version(candidate)}")
+                extras = "[cuda,cudnn]" if candidate == "onnxruntime-gpu" else ""
+                pins.append(f"{candidate}{extras}=={version(candidate)}")
                 break
             except PackageNotFoundError:
                 continue

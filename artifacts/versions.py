@@ -2,15 +2,49 @@
 
 ONNX Runtime's releases change what a quantized model computes and costs (1.21 changed numerics and
 stopped quantizing some layers; 1.24 costs 15-20% more CPU on a quantized model), so a bundle records
-the versions its gates held on and the serving runtime says when it runs on others.
+the versions its gates held on and the serving runtime says when it runs on others. And exactly one
+ONNX Runtime distribution must be installed for any of that to mean something (`require_one_runtime`).
 """
 
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-TRACKED = ("onnxruntime", "onnx", "numpy", "temper-ml")
-_DISTRIBUTIONS = {"onnxruntime": ("onnxruntime", "onnxruntime-gpu")}  # either provides `import onnxruntime`
+from temper.artifacts.errors import EnvironmentProblem
+
+# The distributions that provide `import onnxruntime`. Both install the one `onnxruntime` package folder, so with
+# both the files of whichever installed last win (usually the CPU build's) and uninstalling either breaks the other.
+RUNTIMES = ("onnxruntime", "onnxruntime-gpu")
+# "onnxruntime" is the version `import onnxruntime` runs, from either distribution; "onnxruntime-gpu" is recorded
+# too when that is the one installed, so a bundle says which build its gates ran on.
+TRACKED = ("onnxruntime", "onnxruntime-gpu", "onnx", "numpy", "temper-ml")
+_DISTRIBUTIONS = {"onnxruntime": RUNTIMES}
+REINSTALL = ("pip uninstall -y onnxruntime onnxruntime-gpu, then pip install 'temper-ml[gpu]' on an NVIDIA GPU host "
+             "or 'temper-ml[cpu]' elsewhere")
+
+
+def runtimes() -> dict[str, str]:
+    """The ONNX Runtime distributions installed here, with their versions (package metadata: nothing is imported)."""
+    found = {}
+    for distribution in RUNTIMES:
+        try:
+            found[distribution] = version(distribution)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def require_one_runtime() -> None:
+    """EnvironmentProblem (exit 3, one line naming the fix) unless exactly one ONNX Runtime distribution is
+    installed: two share one package folder, and a session would run whichever files were written last."""
+    found = runtimes()
+    if len(found) > 1:
+        both = " and ".join(f"{name} {v}" for name, v in found.items())
+        raise EnvironmentProblem(f"two ONNX Runtimes are installed, {both}, and both provide `import onnxruntime` "
+                                 f"(the files of the last one installed win, usually the CPU build's): {REINSTALL}")
+    if not found:
+        raise EnvironmentProblem("no ONNX Runtime is installed: pip install 'temper-ml[cpu]', or 'temper-ml[gpu]' on "
+                                 "an NVIDIA GPU host")
 
 
 def current() -> dict[str, str]:
@@ -30,5 +64,8 @@ def current() -> dict[str, str]:
 def drift(recorded: dict[str, str], now: dict[str, str] | None = None) -> list[str]:
     """`library NOW (gated on THEN)` for each recorded library whose installed version differs."""
     now = current() if now is None else now
-    return [f"{library} {now[library]} (gated on {then})" for library, then in recorded.items()
-            if library in now and now[library] != then]
+    moved = [f"{library} {now[library]} (gated on {then})" for library, then in recorded.items()
+             if library in now and now[library] != then]
+    # gated on the GPU build, served by the CPU one: the same `onnxruntime` version would hide it
+    return moved + [f"{library} absent (gated on {then})" for library, then in recorded.items()
+                    if library in RUNTIMES and library != "onnxruntime" and library not in now]

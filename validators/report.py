@@ -140,7 +140,8 @@ def _host_lines(report: Report) -> list[str]:
              f"- CPU: {host.cpu} ({host.arch}); INT8/FP16 features: {features}",
              f"- cores used: {host.usable_cores} (of {host.logical_cpus} logical CPUs); memory {memory}; GPU: {gpus}",
              f"- onnxruntime {host.onnxruntime} with {', '.join(host.providers)}",
-             *([f"- openvino {host.openvino}"] if host.openvino else [])]
+             *([f"- openvino {host.openvino}"] if host.openvino else []),
+             *([f"- NVIDIA stack: {host.gpu_stack().removeprefix(', ')}"] if host.gpu_stack() else [])]
     target = report.target
     if target:
         lines.append(f"- quantize `preset: auto` → `{target.preset or 'none (ONNX Runtime defaults)'}` "

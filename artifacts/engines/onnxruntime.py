@@ -16,7 +16,9 @@ power of two, which starves the neighbouring processes and fragments memory unde
 
 from __future__ import annotations
 
-import importlib.util
+import contextlib
+import functools
+import importlib
 import logging
 import os
 from collections.abc import Callable
@@ -28,6 +30,7 @@ import onnxruntime as ort
 import platformdirs
 from pydantic import ConfigDict, Field, PositiveInt, SerializerFunctionWrapHandler, model_serializer
 
+from temper.artifacts import nvidia
 from temper.artifacts.engines.base import EngineSettings, Session
 from temper.artifacts.engines.providers import BEST_FIRST, CPU, CUDA, PROVIDERS, TENSORRT, Provider, named
 from temper.artifacts.errors import EnvironmentProblem
@@ -135,8 +138,24 @@ def provider_chain(providers: list[str], settings: SessionSettings | None = None
 
 
 def open_session(model: Path, settings: SessionSettings, providers: list[str]) -> ort.InferenceSession:
-    """A session on `model` built from `settings`, on the provider chain for `providers`."""
+    """A session on `model` built from `settings`, on the provider chain for `providers`. Before a GPU chain,
+    the CUDA, cuDNN and TensorRT libraries the pip wheels installed are loaded: on Linux ONNX Runtime does not
+    find them on its own (unless a CUDA build of torch was imported first)."""
+    if CUDA in providers or TENSORRT in providers:
+        _load_gpu_libraries(TENSORRT in providers)
     return ort.InferenceSession(str(model), settings.options(), providers=provider_chain(providers, settings))
+
+
+@functools.cache
+def _load_gpu_libraries(tensorrt: bool) -> None:
+    """onnxruntime.preload_dlls() (ONNX Runtime >= 1.21) for CUDA and cuDNN; `import tensorrt` for libnvinfer."""
+    if tensorrt:
+        with contextlib.suppress(ImportError):
+            importlib.import_module("tensorrt")  # loads libnvinfer for ONNX Runtime's TensorRT provider
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        with contextlib.suppress(Exception):  # best-effort: the session's own provider check says what failed
+            preload()
 
 
 def settings_of(session: ort.InferenceSession) -> SessionSettings:
@@ -161,16 +180,16 @@ class OnnxRuntime:
     settings = SessionSettings
 
     def available(self, provider: Provider, host: HostProfile | None = None) -> None:
-        """The provider in this onnxruntime's list; for tensorrt, TensorRT itself importable too: onnxruntime-gpu
-        lists TensorrtExecutionProvider without it and then quietly runs the session on CUDA or the CPU."""
+        """The provider in this onnxruntime's list; on a GPU row first the NVIDIA stack (artifacts/nvidia.py: a
+        CUDA build, a GPU, a driver at its CUDA's floor and, for tensorrt, the TensorRT its provider links:
+        onnxruntime-gpu lists TensorrtExecutionProvider without it and then quietly runs on CUDA or the CPU)."""
         info = PROVIDERS[provider]
+        if info.gpu:
+            nvidia.require_gpu(provider)
         available = ort.get_available_providers()
         if info.ort not in available:
             raise EnvironmentProblem(f"provider '{provider}' ({info.ort}) requested but this onnxruntime has only "
                                      f"{', '.join(available)}: {info.install}")
-        if provider == "tensorrt" and importlib.util.find_spec("tensorrt") is None:
-            raise EnvironmentProblem(f"provider 'tensorrt' requested but TensorRT is not installed (no `tensorrt` "
-                                     f"module): {info.install}")
 
     def devices(self) -> list[str]:
         return list(ort.get_available_providers())

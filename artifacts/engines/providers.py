@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from temper.artifacts.nvidia import INSTALL_GPU, INSTALL_TENSORRT
+
 # recipe, report.json and `temper bench` spell engines so
 Provider = Literal["cpu", "cuda", "tensorrt", "openvino", "openvino-bf16"]
 EngineName = Literal["onnxruntime", "openvino"]
@@ -36,14 +38,16 @@ CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
 OPENVINO_INSTALL = "pip install 'temper-ml[openvino]'"
+# one ONNX Runtime build at a time: both ship `import onnxruntime` (artifacts/versions.py refuses both)
+GPU_INSTALL, TENSORRT_INSTALL = INSTALL_GPU, INSTALL_TENSORRT
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # native BF16 arithmetic; without them OpenVINO computes FP32
 
 PROVIDERS: dict[Provider, ProviderInfo] = {
     "cpu": ProviderInfo("cpu", CPU, gpu=False),
-    "cuda": ProviderInfo("cuda", CUDA, gpu=True, install="install onnxruntime-gpu on a machine with an NVIDIA GPU"),
+    "cuda": ProviderInfo("cuda", CUDA, gpu=True, install=GPU_INSTALL),
     # CUDA after TensorRT keeps the nodes TensorRT does not take on the GPU rather than the CPU.
     "tensorrt": ProviderInfo("tensorrt", TENSORRT, gpu=True, then=(CUDA,),
-                             install="install onnxruntime-gpu and TensorRT on a machine with an NVIDIA GPU"),
+                             install=TENSORRT_INSTALL),
     "openvino": ProviderInfo("openvino", "", gpu=False, install=OPENVINO_INSTALL, engine="openvino", precision="f32"),
     "openvino-bf16": ProviderInfo("openvino-bf16", "", gpu=False, install=OPENVINO_INSTALL, engine="openvino",
                                   precision="bf16", host_flags=BF16_FLAGS),

@@ -29,6 +29,7 @@ from temper.pipeline.cli.common import (
     app,
     err,
     number,
+    opens_sessions,
     out,
     progress,
     shown,
@@ -49,6 +50,7 @@ AllowBuildErrorsOpt = Annotated[bool, typer.Option(
 
 
 @app.command()
+@opens_sessions
 def run(
     ctx: typer.Context,
     recipe: RecipeArg,
@@ -89,6 +91,7 @@ def run(
 
 
 @app.command("validate")
+@opens_sessions
 def validate_cmd(
     recipe: RecipeArg,
     output: Annotated[Path | None, typer.Option(
@@ -143,6 +146,7 @@ def _recheck(loaded: LoadedRecipe, model: str, output: Path | None, cache: StepC
 
 
 @app.command()
+@opens_sessions
 def check(recipe: RecipeArg, cache_dir: CacheOpt = None, tracking_uri: TrackingOpt = None) -> None:
     """Validate the recipe and everything it refers to, without building candidates."""
     from temper.pipeline.check import check as run_check
@@ -157,6 +161,7 @@ def check(recipe: RecipeArg, cache_dir: CacheOpt = None, tracking_uri: TrackingO
 
 
 @app.command()
+@opens_sessions
 def sensitivity(
     recipe: RecipeArg,
     candidate: Annotated[str, typer.Option("--candidate", help="candidate with a static quantize step")],

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -14,6 +16,7 @@ from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElaps
 
 from temper.artifacts.errors import unwritable
 from temper.artifacts.folders import require_writable
+from temper.artifacts.versions import require_one_runtime
 from temper.pipeline.cache import StepCache, default_root
 from temper.pipeline.runner import ModelRecord
 
@@ -31,6 +34,25 @@ class Session:
     command: str | None = None  # the subcommand running
     committed: list[Path] = field(default_factory=list)  # output folders `run` put in place
 
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+def opens_sessions(command: Command) -> Command:
+    """Mark a command that opens ONNX Runtime sessions: before its body runs (its arguments already parsed, so
+    --help and a bad flag answer as usual), it refuses, once, an environment without exactly one ONNX Runtime
+    distribution (both onnxruntime and onnxruntime-gpu installed: exit 3, one line naming the fix).
+    tests/pipeline/test_runtime_install.py checks that every command but those in SESSIONLESS carries it."""
+    @functools.wraps(command)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        require_one_runtime()
+        return command(*args, **kwargs)
+
+    checked.opens_sessions = True  # type: ignore[attr-defined]
+    return checked  # type: ignore[return-value]
+
+
+SESSIONLESS = ("promote", "pull", "export-triton", "schema")  # registry moves, downloads, config files: no session
 
 
 def absolute(path: Path | None) -> Path | None:

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line, unwritable
 from temper.artifacts.triton_cluster import IMAGE, STORAGE_URI
-from temper.pipeline.cli.common import TrackingOpt, app, err, number, out
+from temper.pipeline.cli.common import TrackingOpt, app, err, number, opens_sessions, out
 from temper.pipeline.cli.serving import PULL_AGAIN
 
 if TYPE_CHECKING:
@@ -76,6 +76,7 @@ def pull(
 
 
 @app.command()
+@opens_sessions
 def serve(
     model: Annotated[str, typer.Argument(
         help="serving bundle folder; a run's output folder (its selected model) or OUTPUT/CANDIDATE; "

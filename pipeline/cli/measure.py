@@ -14,12 +14,13 @@ from rich.table import Table
 from temper.artifacts.engines.providers import PROVIDERS
 from temper.artifacts.errors import TemperError
 from temper.artifacts.host import profile
-from temper.pipeline.cli.common import app, err, number, out
+from temper.pipeline.cli.common import app, err, number, opens_sessions, out
 
 MAX_SECONDS = 3600  # an hour per batch size: more is a typo (or `inf`, which never ends)
 
 
 @app.command()
+@opens_sessions
 def bench(
     model: Annotated[Path, typer.Argument(help="ONNX model file", show_default=False)],
     batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="comma-separated, e.g. 1,8,32")] = "1,8,32",

@@ -31,18 +31,21 @@ def test_host_section_says_where_figures_were_measured():
     assert "- CPU: Test CPU 9000 (x86_64); INT8/FP16 features: avx512_vnni, avx2" in host
     assert "- cores used: 2 (of 4 logical CPUs); memory 7.5 GiB; GPU: Test GPU (compute capability 9.0)" in host
     assert "- onnxruntime 1.32.0 with CPUExecutionProvider" in host and "- openvino 2026.4.1" in host
+    assert ("- NVIDIA stack: driver 580.159.03, CUDA 13.0, cuDNN 9.20.0.48, onnxruntime-gpu 1.31.1, TensorRT "
+            "10.16.1.11") in host
     assert "- quantize `preset: auto` → `arm64-int8` for target `arm64`: the recipe's target" in host
     assert any(line.startswith("- speed was measured on this host, not on the target") for line in host)
 
 
 def test_host_section_without_known_features_gpus_or_target():
     report = sample_report()
-    report["host"].update(features=[], features_known=False, memory_gib=None, gpus=[])
+    report["host"].update(features=[], features_known=False, memory_gib=None, gpus=[], nvidia_driver=None, cuda=None,
+                          cudnn=None, onnxruntime_gpu=None, tensorrt=None)
     report["target"] = None
     jsonschema.validate(report, SCHEMA)
     text = markdown(report)
     assert "INT8/FP16 features: unknown (the OS lists none)" in text
-    assert "memory unknown; GPU: none" in text and "preset: auto" not in text
+    assert "memory unknown; GPU: none" in text and "preset: auto" not in text and "NVIDIA stack" not in text
 
 
 def test_candidate_table_rows():

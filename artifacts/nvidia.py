@@ -27,7 +27,7 @@ from pathlib import Path
 
 from temper.artifacts.errors import EnvironmentProblem
 
-GPU_PROVIDERS = ("cuda", "tensorrt")
+GPU_PROVIDERS = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}  # and their ORT names
 QUERY = "name,compute_cap,driver_version"  # nvidia-smi --query-gpu fields, in the order parse_smi reads them
 # The oldest NVIDIA driver branch that runs each CUDA major version (NVIDIA's CUDA toolkit release notes: CUDA 13.0
 # needs >= 580.65.06 on Linux, CUDA 12.0 >= 525.60.13). onnxruntime-gpu is built for CUDA 13 since 1.27 on PyPI;
@@ -36,7 +36,8 @@ DRIVER_FLOOR = {13: 580, 12: 525}
 CUDA13_SINCE = (1, 29)  # without build information, an onnxruntime-gpu this new is taken as built for CUDA 13
 # Python distributions that install TensorRT's libraries (PyPI's `tensorrt` is a stub that pulls tensorrt-cuNN).
 TENSORRT = ("tensorrt-cu13", "tensorrt-cu12", "tensorrt", "tensorrt-cu13-libs", "tensorrt-cu12-libs", "tensorrt-libs")
-INSTALL_GPU = "pip uninstall -y onnxruntime onnxruntime-gpu, then pip install 'temper-ml[gpu]'"
+INSTALL_GPU = ("to install onnxruntime-gpu: pip uninstall -y onnxruntime onnxruntime-gpu, then "
+               "pip install 'temper-ml[gpu]'")
 INSTALL_TENSORRT = "pip install 'temper-ml[tensorrt]' --extra-index-url https://pypi.nvidia.com"
 
 
@@ -187,7 +188,8 @@ def require_gpu(provider: str, facts: Facts | None = None) -> None:
     facts = read_facts() if facts is None else facts
     if facts.cuda is None and facts.onnxruntime_gpu is None:
         runtime = build_info().get("package_name") or "no ONNX Runtime"
-        raise EnvironmentProblem(f"provider '{provider}' needs onnxruntime-gpu, and this environment has {runtime} "
+        raise EnvironmentProblem(f"provider '{provider}' ({GPU_PROVIDERS[provider]}) needs onnxruntime-gpu, and this "
+                                 f"environment has {runtime} "
                                  f"(a CPU build): {INSTALL_GPU}")
     if not facts.cards:
         raise EnvironmentProblem(f"provider '{provider}' needs an NVIDIA GPU: {facts.smi}; onnxruntime-gpu "

@@ -81,8 +81,9 @@ def test_no_gpu_and_no_gpu_build_are_each_one_line() -> None:
     with pytest.raises(EnvironmentProblem, match=r"^provider 'cuda' needs an NVIDIA GPU: nvidia-smi is not on PATH"):
         require_gpu("cuda", dataclasses.replace(H200_FACTS, cards=(), smi=no_gpu.smi))
     if nvidia.build_info().get("cuda_version") is None:  # this environment's ONNX Runtime is a CPU build
-        with pytest.raises(EnvironmentProblem, match=r"^provider 'cuda' needs onnxruntime-gpu, and this environment "
-                                                     r"has onnxruntime \(a CPU build\): pip uninstall"):
+        cpu_build = (r"^provider 'cuda' \(CUDAExecutionProvider\) needs onnxruntime-gpu, and this environment has "
+                     r"onnxruntime \(a CPU build\): to install onnxruntime-gpu: pip uninstall")
+        with pytest.raises(EnvironmentProblem, match=cpu_build):
             require_gpu("cuda")
     require_gpu("cpu")
     require_gpu("openvino")

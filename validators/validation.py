@@ -20,7 +20,7 @@ from temper.artifacts.errors import RecipeError
 from temper.artifacts.host import HostProfile, profile, usable_cores
 from temper.artifacts.layout import AXIS0, Layout
 from temper.calibration.sources import Dataset
-from temper.validators import engine_census, report_model, scoring
+from temper.validators import engine_census, report_model, scoring, tensorrt_census
 from temper.validators.benches import Bench, bench_all
 from temper.validators.census import Census, of_file
 from temper.validators.evaluate import Kept, predict
@@ -176,6 +176,8 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
         result.engine_precision = _engine_precision(result, pair, path)
         if pair.engine == "cpu" and result.census.quantized:
             result.engine_census = engine_census.of_session(path, _ort_settings(result))
+        if pair.engine == "tensorrt":  # the engine TensorRT built, read back (validators/tensorrt_census.py)
+            result.verdict.gates += tensorrt_census.gates(path, subject.precisions.get(pair.model, "fp32"))
     if spec.throughput:  # on a GPU row, INT8 must also beat FP16
         over = int8_over_fp16([(r.verdict.name, r.pair) for r in results], subject.precisions, benches,
                               spec.throughput.confidence)

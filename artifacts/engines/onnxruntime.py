@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib
 import logging
 import os
@@ -120,16 +121,34 @@ def engine_cache() -> Path:
     return Path(override) if override else platformdirs.user_cache_path("temper", appauthor=False) / "engines"
 
 
-def provider_chain(providers: list[str], settings: SessionSettings | None = None) -> Providers:
+def tensorrt_cache() -> Path:
+    """The engine and timing cache of this host's TensorRT and GPU: engine_cache()/tensorrt-VERSION-smCC, so an
+    engine built by another TensorRT or for another compute capability is never loaded."""
+    facts = nvidia.read_facts()
+    capability = next((c.compute_capability for c in facts.cards if c.compute_capability), None) or "unknown"
+    return engine_cache() / f"tensorrt-{facts.tensorrt or 'unknown'}-sm{capability.replace('.', '')}"
+
+
+def engine_prefix(model: Path) -> str:
+    """The TensorRT engine cache prefix of `model`: its bytes' digest, so its engines can be found again."""
+    return "temper-" + hashlib.sha256(model.read_bytes()).hexdigest()[:16]
+
+
+def provider_chain(providers: list[str], settings: SessionSettings | None = None, model: Path | None = None
+                   ) -> Providers:
     """ONNX Runtime provider names as a chain with each provider's options: TensorRT builds its engine
-    for this GPU on first load and caches it (keyed by TensorRT version and GPU) under engine_cache();
+    for this GPU on first load and caches it under tensorrt_cache(), named by the model's digest;
     CUDA's arena is bounded as `settings` say."""
     chain: Providers = []
     for name in providers:
         if name == TENSORRT:
-            engine_cache().mkdir(parents=True, exist_ok=True)
-            chain.append((name, {"trt_engine_cache_enable": "True", "trt_engine_cache_path": str(engine_cache()),
-                                 "trt_timing_cache_enable": "True", "trt_timing_cache_path": str(engine_cache())}))
+            cache = tensorrt_cache()
+            cache.mkdir(parents=True, exist_ok=True)
+            options = {"trt_engine_cache_enable": "True", "trt_engine_cache_path": str(cache),
+                       "trt_timing_cache_enable": "True", "trt_timing_cache_path": str(cache)}
+            if model is not None:
+                options["trt_engine_cache_prefix"] = engine_prefix(model)
+            chain.append((name, options))
         elif name == CUDA and settings is not None:
             chain.append((name, settings.cuda_options()))
         else:
@@ -143,7 +162,7 @@ def open_session(model: Path, settings: SessionSettings, providers: list[str]) -
     find them on its own (unless a CUDA build of torch was imported first)."""
     if CUDA in providers or TENSORRT in providers:
         _load_gpu_libraries(TENSORRT in providers)
-    return ort.InferenceSession(str(model), settings.options(), providers=provider_chain(providers, settings))
+    return ort.InferenceSession(str(model), settings.options(), providers=provider_chain(providers, settings, model))
 
 
 @functools.cache

@@ -102,7 +102,7 @@ class InferenceService(RepositoryRpcs, SharedMemoryRpcs, pb_grpc.GRPCInferenceSe
         self.regions = regions if regions is not None else ClientRegions()
 
     def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=True)
+        return pb.ServerLiveResponse(live=self.models.live)
 
     def ServerReady(self, request: pb.ServerReadyRequest, context: Context) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.models.ready)

@@ -145,6 +145,15 @@ class Models:
         return loaded[0] if len(loaded) == 1 else None
 
     @property
+    def live(self) -> bool:
+        """What /v2/health/live and ServerLive answer: false once every model loaded is taken out (its workers
+        kept crashing), since then the server serves nothing and cannot recover alone, so an orchestrator's
+        liveness probe restarts it; one model of several taken out leaves the server live (the others serve)
+        and that model not ready, until a load revives it."""
+        loaded = self.all()
+        return not loaded or not all(m.runtime.taken_out for m in loaded)
+
+    @property
     def ready(self) -> bool:
         """What /v2/health/ready and ServerReady answer (module docstring: strict readiness)."""
         if not self.strict:
@@ -163,8 +172,9 @@ class Models:
             if name in loaded and (name not in states or states[name][0] != loaded[name].version):
                 model = loaded[name]
                 ready = model.runtime.ready
+                why = model.runtime.taken_out or "starting, or every instance restarting"
                 rows.append({"name": name, "version": model.version, "state": "READY" if ready else "UNAVAILABLE",
-                             **({} if ready else {"reason": "starting, or every instance restarting"})})
+                             **({} if ready else {"reason": why})})
             if name in states:  # loading, failed or unloaded: for the version in the repository now
                 version, state, reason = states[name]
                 row = {"name": name, **({"version": version} if version else {}), "state": state}
@@ -262,7 +272,8 @@ class Models:
                 same = current is not None and current.version == source.version
                 if current is not None and same and current.runtime.ready:
                     return current  # loaded already: nothing newer to serve
-                prebuilt = current.runtime if current is not None and same else None  # built, not started yet
+                revive = current is not None and current.runtime.taken_out is not None  # a load starts it anew
+                prebuilt = current.runtime if current is not None and same and not revive else None  # built only
                 self._states[name] = (source.version, "LOADING", "")
             process = psutil.Process()
             before = process.memory_info().rss

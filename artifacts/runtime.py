@@ -46,7 +46,7 @@ from temper.artifacts.engines.onnxruntime import SessionSettings
 from temper.artifacts.engines.providers import CPU, PROVIDERS, Provider
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.host import HostProfile, profile, usable_cores
-from temper.artifacts.workers import WorkerPool
+from temper.artifacts.workers import CRASH_LOOP_DEATHS, CRASH_LOOP_S, WorkerPool
 
 __all__ = ["INLINE_MAX_MS", "Overloaded", "RequestError", "RequestTimeout", "Runtime", "Stopped"]
 
@@ -189,6 +189,15 @@ class Runtime:
     def ready(self) -> bool:
         """Started, and with instances, at least one of them ready (what the health endpoints answer)."""
         return self._ready and (self.pool is None or self.pool.ready_count > 0)
+
+    @property
+    def taken_out(self) -> str | None:
+        """Why the model serves nothing until it is loaded again (every worker instance died too often), or None
+        while it serves, starts or restarts an instance."""
+        if self._ready and self.pool is not None and self.pool.taken_out:
+            return (f"taken out: every instance's worker died {CRASH_LOOP_DEATHS} times within {CRASH_LOOP_S:.0f} s "
+                    f"(last: {self.pool.last_death}); load it again to restart it")
+        return None
 
     @property
     def accepting(self) -> bool:

@@ -216,7 +216,7 @@ class InferenceServer:
                 return 200, [JSON_TYPE], encode_json(model_statistics(model))
         elif path == "/v2/health/live":
             _allow(method, "GET")
-            return 200, [], b""
+            return (200, [], b"") if self.models.live else error_response(503, "every model is taken out")
         elif path == "/v2/health/ready":
             _allow(method, "GET")
             return (200, [], b"") if self.models.ready else error_response(503, "not every model asked for is ready")

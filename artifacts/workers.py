@@ -42,7 +42,7 @@ from temper.artifacts.errors import InstanceLost, Stopped
 from temper.artifacts.tensor_memory import Region, regions_for
 from temper.artifacts.worker import Channel
 
-log = logging.getLogger("temper.serving")
+log = logging.getLogger("temper.serving.workers")  # serve shows its warnings: deaths, instances taken out
 
 Arrays = dict[str, np.ndarray]
 CRASH_LOOP_DEATHS = 3  # deaths of one instance within CRASH_LOOP_S that take it out
@@ -85,6 +85,7 @@ class WorkerPool:
         self._supervisors: list[threading.Thread] = []
         self._started = threading.Barrier(count + 1)
         self._failure: str | None = None  # why a first start failed
+        self.last_death: str | None = None  # how the last worker to die ended ("signal 11", "exit code 1")
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -134,6 +135,11 @@ class WorkerPool:
     def alive_count(self) -> int:
         """Instances not taken out: ready, or being restarted."""
         return sum(not i.removed for i in self.instances)
+
+    @property
+    def taken_out(self) -> bool:
+        """Every instance taken out after dying too often: nothing restarts them but a new load."""
+        return all(i.removed for i in self.instances)
 
     @property
     def restarts(self) -> int:
@@ -188,6 +194,7 @@ class WorkerPool:
             left = sum(not i.removed for i in self.instances)
             self._cond.notify_all()
         how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        self.last_death = how
         if instance.removed:
             log.error("%s: instance %d taken out: its worker died %d times within %.0fs (last: %s); %d instance(s) "
                       "left", self.config.name, instance.index, len(instance.deaths), CRASH_LOOP_S, how, left)

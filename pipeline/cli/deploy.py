@@ -7,6 +7,7 @@ input (exit 2), a store that does not answer is the environment (exit 3).
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -124,6 +125,12 @@ def serve(
     from temper.pipeline.cli.serving import checked_control, loaded_models
 
     checked_control(model, control, load_model or [])
+    # an operator sees each worker death (with its signal) and each instance taken out, which the root
+    # logger's ERROR level would drop; --debug shows everything already
+    deaths = logging.getLogger("temper.serving.workers")
+    deaths.setLevel(min(logging.getLogger().getEffectiveLevel(), logging.WARNING))
+    if not logging.getLogger().handlers and not deaths.handlers:
+        deaths.addHandler(logging.StreamHandler())  # one line each on stderr, as the message says it
     if grpc_port is not None:  # before any loading: missing packages are known now
         if grpc_port == port:
             raise RecipeError(model, "--grpc-port", f"must differ from --port {port}")

@@ -139,6 +139,9 @@ class Measurement(_Model):
                     "model: ONNX Runtime's (threads chosen per model as serving chooses them) or OpenVINO's "
                     "(inference precision, threads, streams, performance hint); a published bundle's runtime.json "
                     "records the selected pair's")
+    threads: int | None = Field(None, description="the CPU threads one call ran on, read back from the session: "
+                                                  "without session_search every pair of a run is timed on one count, "
+                                                  "the one serving chooses for the baseline on the first engine")
 
 
 class CandidateMeasurement(Measurement):

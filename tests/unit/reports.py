@@ -24,7 +24,8 @@ def measurement(samples_per_s: float, **extra: Any) -> dict[str, Any]:
             "samples_per_s": samples_per_s, "latency_ms": {"p50": 1.25, "p90": 1.5, "p95": 1.6, "p99": 2.125},
             "peak_rss_mb": 300.0, "gpu_mem_mb": None, "rounds": 6, "spread_pct": 4.5,
             "load": {"load_1m": 1.5, "steal_pct": 0.0, "busy_pct": 55.0},
-            "session": {"intra_op_threads": 2, "spinning": False, "graph_optimization": "all"}, **extra}
+            "session": {"intra_op_threads": 2, "spinning": False, "graph_optimization": "all"}, "threads": 2,
+            **extra}
 
 
 def gate(name: str, passed: bool, detail: str, verdict: str = "", interval: list[float] | None = None,

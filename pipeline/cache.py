@@ -19,12 +19,17 @@ import numpy as np
 import platformdirs
 from filelock import FileLock
 
+from temper.pipeline.step_options import BACKEND_PACKAGES
+
 MODEL_FILE = "model.onnx"
 TUNING_FILE = "tuning.json"  # written beside a model by the quantize fallback: its trials and ranking
 META_FILE = "meta.json"
 
 # part of every step's key; nncf, an optional quantize backend, is "absent" where it is not installed
-LIBRARIES = ("temper-ml", "torch", "onnx", "onnxruntime", "onnxsim", "numpy", "nncf")
+# every quantize backend's package, derived from the backends so that a new one (or ModelOpt, once missing here)
+# cannot serve a stale INT8 model after an upgrade
+LIBRARIES = tuple(dict.fromkeys(("temper-ml", "torch", "onnx", "onnxruntime", "onnxsim", "numpy",
+                                 *BACKEND_PACKAGES.values())))
 
 
 def library_versions() -> dict[str, str]:

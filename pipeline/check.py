@@ -10,6 +10,7 @@ from temper.artifacts.errors import OptionError, RecipeError
 from temper.pipeline.gating import preflight
 from temper.pipeline.recipe import StepSpec
 from temper.pipeline.runner import Runner
+from temper.pipeline.slice_check import mixed_scale_notices
 from temper.pipeline.step_options import QuantizeOptions
 from temper.pipeline.steps import STEPS, uses_calibration
 from temper.pipeline.steps.quantize.census_check import subgraph_notice
@@ -54,7 +55,8 @@ def check(runner: Runner, tracking: str | None = None) -> Checked:
             raise RecipeError(loaded.file, f"{where}.{spec.name}.{exc.key}", exc.message) from None
     done.append(f"{len(steps) - len(recipe.steps)} candidate steps match the baseline graph")
     done += preflight(runner, tracking)
-    return Checked(done, _subgraph_notices(of_file(baseline.path), steps[len(recipe.steps):]))
+    notices = _subgraph_notices(of_file(baseline.path), steps[len(recipe.steps):])
+    return Checked(done, notices + mixed_scale_notices(runner, baseline.path))
 
 
 def _subgraph_notices(counted: Census, steps: list[tuple[str, StepSpec]]) -> list[str]:

@@ -8,7 +8,9 @@ from pathlib import Path
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import RecipeError
 from temper.pipeline.runner import Runner
-from temper.validators.fidelity import Shape, slice_problem
+from temper.validators.fidelity import Shape, row_scales, slice_problem
+
+SCALE_GAP = 100.0  # rows whose RMS differ by this factor or more: one cosine over them sees only the large ones
 
 
 def output_shapes(runner: Runner, baseline: Path, axes: set[tuple[str, int]]) -> dict[str, Shape]:
@@ -49,3 +51,36 @@ def check_slices(runner: Runner, baseline: Path | None = None) -> list[str]:
             key, message = problem
             raise RecipeError(runner.loaded.file, f"validate.fidelity.slices[{index}].{key}", message)
     return [f"validate.fidelity.slices: {', '.join(p.label for p in parts)} fit the baseline's outputs"]
+
+
+def mixed_scale_notices(runner: Runner, baseline: Path | None = None) -> list[str]:
+    """One line per output whose rows (indices of its leading non-batch axis) differ in scale by SCALE_GAP or
+    more on a real batch of the baseline, naming the small rows and the slice that gates them on their own."""
+    if runner.recipe.data.evaluation is None and runner.recipe.data.calibration is None:
+        return []
+    baseline = baseline or runner.baseline()[-1].path
+    layout = runner.layout(baseline)
+    graph = onnx_io.load_structure(baseline).graph
+    ran = onnx_io.run(baseline, runner.sample(), layout)
+    outputs = layout.samples({o.name: v for o, v in zip(graph.output, ran, strict=True)})
+    spec = runner.recipe.validation
+    bound = spec.fidelity.cosine_min if spec is not None and spec.fidelity is not None else None
+    notices = []
+    for name, value in outputs.items():
+        scales = row_scales(value)
+        if scales is None or not (scales > 0).any():
+            continue
+        live = scales[scales > 0]
+        if live.max() / live.min() < SCALE_GAP:
+            continue
+        small = [int(i) for i in range(len(scales)) if scales[i] * SCALE_GAP <= live.max()]
+        start, stop = small[0], small[-1] + 1
+        runs = "" if stop - start == len(small) else f" (and {stop - start - len(small)} larger rows between)"
+        notices.append(
+            f"output '{name}': its {len(scales)} rows along axis 1 differ in scale by {live.max() / live.min():,.0f}x "
+            f"(rows {start}-{stop - 1} have RMS up to {scales[small].max():.3g}, others up to {live.max():.3g}){runs}: "
+            "a whole-output cosine sees only the large rows. The worst-row gate (validate.fidelity.row_cosine_min, "
+            "default cosine_min) checks each row; to gate the small rows as one part, add "
+            f"validate.fidelity.slices: [{{output: {name}, axis: 1, start: {start}, stop: {stop}, "
+            f"cosine_min: {bound if bound is not None else 0.99}}}]")
+    return notices

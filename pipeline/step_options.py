@@ -71,6 +71,11 @@ NNCF_PRESETS = ("performance", "mixed")  # NNCF's own: symmetric activations, or
 NNCF_ONLY = ("model_type", "fast_bias_correction", "smooth_quant_alpha")
 
 
+Backend = Literal["ort", "modelopt", "nncf"]
+# each quantize backend's distribution: its version is part of every step's cache key (pipeline/cache.py)
+BACKEND_PACKAGES: dict[str, str] = {"ort": "onnxruntime", "modelopt": "nvidia-modelopt", "nncf": "nncf"}
+
+
 class QuantizeOptions(Strict):
     """INT8 quantization. `mode: dynamic` needs no data; `mode: static` calibrates on the recipe's data."""
 
@@ -79,7 +84,7 @@ class QuantizeOptions(Strict):
         None, description="backend ort: a target preset (see pipeline/presets.py) that fills the options this step "
         "leaves unset; in a recipe a step without one is auto: the preset for the recipe's target; null keeps "
         "ONNX Runtime's defaults. Backend nncf: NNCF's preset, performance or mixed (unset: NNCF's choice)")
-    backend: Literal["ort", "modelopt", "nncf"] = "ort"
+    backend: Backend = "ort"
     preprocess: bool = Field(
         True, description="run ONNX Runtime's quant_pre_process first (symbolic shape inference, constant folding, "
                           "fusions); false quantizes the graph as it is, for a model pre-processing fails on: no "

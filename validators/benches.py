@@ -6,17 +6,23 @@ every pair alike and each round's ratio (pair over reference, the baseline on th
 paired sample. After ROUNDS rounds, the pairs still undecided (a speed gate, or at the ranking batch
 size whether they beat the reference at all) go on, round by round, until each is decided or the
 budget is spent. Each pair's session is the one serving would run: the session settings search's
-pick with validate.throughput.session_search, else the thread choice serving makes at start.
+pick with validate.throughput.session_search (each setting, threads included, chosen on paired intervals
+against the default), else one thread count for every pair: the choice serving makes at start for the
+reference pair (the baseline on the first engine; all usable cores or one, by a batch-1 timing), so that no
+speedup compares sessions on different thread counts (a per-model choice follows the moment's load: PP-OCRv4
+det's baseline was timed on 2 threads and its fp16 on 1). GPU rows keep their engine's defaults.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from temper.artifacts import engines as runtimes
+from temper.artifacts.engines.providers import PROVIDERS, Provider
 from temper.artifacts.host import HostProfile
 from temper.artifacts.layout import Layout
 from temper.validators.pairs import Pair
@@ -24,16 +30,35 @@ from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
 from temper.validators.session_search import Plan, Records, sessions_for
 from temper.validators.spec import ThroughputSpec
 from temper.validators.speedup import Speedup, estimate
-from temper.validators.throughput import Session
+from temper.validators.throughput import Session, engine_defaults, session_for, tuned_session
 
 Progress = Callable[[str], None]
 
 
+def one_thread_count(pairs: dict[str, tuple[Pair, Path]], reference: str, sample: dict[str, np.ndarray],
+                     layout: Layout) -> tuple[int, Session]:
+    """The thread count every pair is timed on, and the reference pair's session on it: tuned_session's choice
+    for the reference pair, made as serving makes it at start."""
+    pair, path = pairs[reference]
+    session = tuned_session(path, pair.engine, sample, layout)
+    return runtimes.of(pair.engine).settings_of(session).threads, session
+
+
 def sessions(spec: ThroughputSpec, pairs: dict[str, tuple[Pair, Path]], sample: dict[str, np.ndarray],
-             layout: Layout, host: HostProfile, records: Records | None, progress: Progress,
+             layout: Layout, host: HostProfile, records: Records | None, progress: Progress, reference: str = "",
              ) -> tuple[dict[str, Session], dict[str, list[dict[str, Any]]]]:
-    """Each pair's session (validators/session_search.py's sessions_for), and the searches' records by model."""
+    """Each pair's session (the module's rule), and the session searches' records by model."""
     engines = list(dict.fromkeys(pair.engine for pair, _ in pairs.values()))
+    if not spec.session_search and reference in pairs:
+        count, first = one_thread_count(pairs, reference, sample, layout)
+        progress(f"throughput › sessions on {count} thread{'s' if count > 1 else ''} for every pair")
+        opened = {reference: first}
+        for key, (pair, path) in pairs.items():
+            if key != reference:
+                default = engine_defaults(pair.engine)
+                gpu = PROVIDERS[cast(Provider, pair.engine)].gpu
+                opened[key] = session_for(path, pair.engine, default if gpu else default.with_threads(count))
+        return opened, {}
     opened: dict[str, Session] = {}
     searches: dict[str, list[dict[str, Any]]] = {}
     for engine in engines:
@@ -55,7 +80,7 @@ def bench_all(spec: ThroughputSpec | None, pairs: dict[str, tuple[Pair, Path]], 
     the session searches' records by model (none unless validate.throughput.session_search)."""
     if spec is None:
         return [], {}
-    opened, searches = sessions(spec, pairs, sample, layout, host, records, progress)
+    opened, searches = sessions(spec, pairs, sample, layout, host, records, progress, reference)
     slice_s = spec.duration_s / ROUNDS
     timing = Timing(slice_s, spec.warmup_s, max(ROUNDS, round(spec.budget_s / slice_s)))
     paths = {key: (path, pair.engine) for key, (pair, path) in pairs.items()}

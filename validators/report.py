@@ -74,10 +74,10 @@ def engine_shortfall(candidate: Candidate) -> str | None:
 
 def markdown(report: Readable) -> str:
     report = Report.model_validate(report)
-    verdict = (f"**passed** — selected `{report.selected_pair}`" if report.passed
+    verdict = (f"**passed** — selected `{report.selected_pair}`: {report.selection_reason}" if report.passed
                else f"**no candidate passed** — selected `baseline`: {report.selection_reason}")
     lines = [f"# temper report: {report.recipe}", "", verdict, "", f"Serving: {engine_line(report)}", "",
-             *_not_built_lines(report), *_host_lines(report), ""]
+             *_not_built_lines(report), *_disagreement_lines(report), *_host_lines(report), ""]
     metric = report.metric
     head = "| candidate | verdict | size | " + (f"{metric} | drop | " if metric else "") + "failed gates |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
@@ -153,6 +153,18 @@ def _host_lines(report: Report) -> list[str]:
     return lines
 
 
+def _disagreement_lines(report: Report) -> list[str]:
+    """One line per model file whose outputs on two engines miss the fidelity budget against each other."""
+    from temper.validators.engine_agreement import describe
+
+    lines = [f"- **engines disagree**: {describe(found)}" for found in report.engine_disagreements]
+    if lines:
+        lines.append("- the numbers above are the engine's as much as the model's: gate and serve that file on the "
+                     "engine it was certified on (NNCF's ONNX-path INT8 can compute differently on OpenVINO than "
+                     "on ONNX Runtime: docs/recipes.md)")
+    return [*lines, ""] if lines else []
+
+
 def _not_built_lines(report: Report) -> list[str]:
     """One line per candidate that did not build, before anything else: a build error is not a gate."""
     lines = []
@@ -197,14 +209,18 @@ def _fidelity_section(report: Report) -> list[str]:
     if not rows:
         return []
     lines = ["", "## Fidelity (per output, vs the baseline)", "",
-             "| candidate | output | cosine | rel L2 | max abs | mean abs | p99 abs | NaN/Inf |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| candidate | output | cosine | worst row | rel L2 | max abs | mean abs | p99 abs | NaN/Inf |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, f in rows:
         part = f.slice
         where = f.name if part is None else f"{f.name}: {part.output}[axis {part.axis}: {part.start}:{part.stop}]"
-        lines.append(f"| {name} | {where} | {f.cosine:.6f} | {f.rel_l2:.4g} | {f.max_abs:.4g} | {f.mean_abs:.4g} | "
-                     f"{f.p99_abs:.4g} | {f.nonfinite} |")
-    return lines
+        row = f.worst_row
+        worst = "—" if row is None else f"{row.cosine:.6f} (index {row.index} of {row.rows})"
+        lines.append(f"| {name} | {where} | {f.cosine:.6f} | {worst} | {f.rel_l2:.4g} | {f.max_abs:.4g} | "
+                     f"{f.mean_abs:.4g} | {f.p99_abs:.4g} | {f.nonfinite} |")
+    return [*lines, "", "Worst row: of an output's leading non-batch axis (when it has at most 256 indices), the index "
+                        "whose cosine to the baseline is lowest; gated on row_cosine_min (default cosine_min), so "
+                        "box pixels cannot hide broken class scores."]
 
 
 def _session_section(report: Report) -> list[str]:

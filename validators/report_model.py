@@ -23,8 +23,11 @@ from temper.artifacts.engines import Settings
 from temper.artifacts.engines.onnxruntime import SessionSettings, needed_limit_mb
 from temper.artifacts.engines.providers import Provider
 from temper.artifacts.host import HostProfile
+from temper.validators.report_tuning import Configuration, NodeSensitivity, SameGraph, Trial, Tuning
 
-SCHEMA_VERSION = 4
+__all__ = ["Configuration", "NodeSensitivity", "SameGraph", "Trial", "Tuning"]  # report.json's, kept apart for size
+
+SCHEMA_VERSION = 5
 FILE = "report.json"
 
 Verdict = Literal["pass", "fail", "inconclusive"]
@@ -63,6 +66,18 @@ class OutputSlice(_Model):
     stop: int = Field(ge=1)
 
 
+class WorstRow(_Model):
+    """The least faithful index of an output's leading non-batch axis (when it has at most
+    validators.fidelity.MAX_ROWS): a detector's [batch, 4 + classes, anchors] compares each box row and each
+    class row on its own, so the box pixels cannot hide broken class scores behind a whole-output cosine."""
+
+    axis: int = Field(ge=1, description="the axis whose indices are compared one by one (samples first: 1)")
+    rows: int = Field(ge=2, description="its size")
+    index: int = Field(ge=0, description="the index whose cosine is the lowest")
+    cosine: float = Field(description="that index's cosine to the baseline over every sample and position")
+    spread: float = Field(ge=1, description="largest / smallest RMS of the baseline's rows (1: one scale)")
+
+
 class Comparison(_Model):
     """One output (or one slice of an output) of a candidate against the baseline's, as
     validators.fidelity.compare measures it."""
@@ -77,6 +92,8 @@ class Comparison(_Model):
     cosine: float
     nonfinite: int = Field(ge=0, description="NaN/Inf values in the candidate's output")
     within_tolerance: bool = Field(description="numpy.allclose at atol = rtol = 0, and every value finite")
+    worst_row: WorstRow | None = Field(None, description="a whole output's least faithful row (null: a slice, or no "
+                                                         "small leading non-batch axis)")
 
     def describe(self) -> str:
         return (f"{self.name}: max abs err {self.max_abs:.3g}, mean {self.mean_abs:.3g}, "
@@ -122,6 +139,9 @@ class Measurement(_Model):
                     "model: ONNX Runtime's (threads chosen per model as serving chooses them) or OpenVINO's "
                     "(inference precision, threads, streams, performance hint); a published bundle's runtime.json "
                     "records the selected pair's")
+    threads: int | None = Field(None, description="the CPU threads one call ran on, read back from the session: "
+                                                  "without session_search every pair of a run is timed on one count, "
+                                                  "the one serving chooses for the baseline on the first engine")
 
 
 class CandidateMeasurement(Measurement):
@@ -130,74 +150,6 @@ class CandidateMeasurement(Measurement):
 
     speedup: float = Field(gt=0, description="geometric mean of the paired per-round ratios")
     speedup_interval: Interval | None = Field(description="its confidence interval (null below two rounds)")
-
-
-class Trial(_Model):
-    """One model the quantize fallback built and scored."""
-
-    kind: Literal["plain", "configuration", "refine", "cumulative"] = Field(
-        description="configuration: another configuration's plain model that met the budget alone")
-    float_nodes: list[str]
-    metric: float
-    drop: float
-    cosine: float
-    samples_per_s: float | None
-    passed: bool = Field(description="the accuracy budget and every fidelity gate hold")
-    quantized: int = Field(ge=0, description="quantized compute nodes left in the trial's graph (the census)")
-    configuration: dict[str, Any] = Field(description="options changed from the step's ({}: the step's own)")
-
-
-class Configuration(_Model):
-    """One configuration the fallback tried before any node went float: its plain model's score."""
-
-    changes: dict[str, Any] = Field(description="options changed from the step's, e.g. {per_channel: true}")
-    metric: float | None = Field(None, description="None when it did not calibrate (see error)")
-    drop: float | None = None
-    cosine: float | None = None
-    quantized: int | None = Field(None, ge=0)
-    passed: bool
-    error: str | None = Field(None, description="why it was skipped: its calibration failed")
-
-
-class NodeSensitivity(_Model):
-    """One quantized node's SQNR (pipeline.steps.quantize.sensitivity.NodeSensitivity)."""
-
-    node: str
-    op_type: str
-    block: str
-    sqnr_db: float
-    accumulated_db: float | None
-
-
-class SameGraph(_Model):
-    """A node set the fallback put in float that wrote an earlier trial's graph byte for byte."""
-
-    float_nodes: list[str]
-    trial: int = Field(ge=0, description="index of the trial whose graph it wrote")
-
-
-class Tuning(_Model):
-    """The quantize fallback (tuning.json): every trial, and the SQNR ranking (most harmful first)."""
-
-    metric: str
-    baseline_metric: float
-    allowed_drop: float
-    met: bool
-    best: int = Field(ge=0, description="index of the kept trial")
-    max_trials: int = Field(ge=1)
-    min_quantized: float = Field(gt=0, le=1, description="fallback.min_quantized: the floor as a fraction of the "
-                                                          "plain trial's quantized nodes")
-    floor: int = Field(ge=0, description="quantized nodes every trial kept at least; fewer were never scored")
-    floor_reached: bool = Field(description="a trial was refused for going below the floor: meeting the budget "
-                                            "would take more float nodes than INT8 allows")
-    configuration: dict[str, Any] = Field(description="the configuration the node search started from ({}: the "
-                                                      "step's own)")
-    configurations: list[Configuration] = Field(description="configurations tried before any node went float")
-    trials: list[Trial] = Field(min_length=1)
-    same_graph: list[SameGraph] = Field(default_factory=list,
-                                        description="node sets that wrote a trial's graph again: that trial, not a "
-                                                    "new one (max_trials counts distinct models)")
-    ranking: list[NodeSensitivity]
 
 
 class OpCount(_Model):
@@ -336,12 +288,35 @@ class NotBuilt(_Model):
     reason: str = Field(description="one line")
 
 
+class EngineDisagreement(_Model):
+    """One model file whose outputs on two engines miss the recipe's fidelity budget against each other
+    (validators/engine_agreement.py): the engine, not the model, decides what it computes."""
+
+    model: str = Field(description="the model (the baseline or a candidate): one file")
+    engine: Provider = Field(description="the first engine it was evaluated on: the reference of the comparison")
+    other: Provider
+    missed: list[str] = Field(min_length=1, description="each fidelity bound the other engine's outputs miss "
+                                                        "against the first engine's, as a gate detail")
+    comparisons: list[Comparison] = Field(description="the other engine's outputs against the first engine's")
+
+
+class TiedPair(_Model):
+    """A pair that passed every gate and beat the baseline, but could not be told from the selected pair on
+    the selection's own measure: their paired interval holds 1.0 (or speed was not measured)."""
+
+    pair: str = Field(description="its key in candidates")
+    speedup: float | None = Field(description="the selected pair's speed over this one's (paired rounds at the "
+                                              "ranking batch size; null: not measured)")
+    speedup_interval: Interval | None
+    fidelity: float | None = Field(description="its lowest cosine to the baseline (outputs, worst rows, slices)")
+
+
 class Report(_Model):
     """The machine-readable verdict of `temper run` / `temper validate`: the contract CI jobs read."""
 
     model_config = ConfigDict(title="temper report.json")
 
-    schema_version: Literal[4]
+    schema_version: Literal[5]
     recipe: str
     host: HostProfile = Field(description="the machine every figure was measured on")
     target: Target | None = Field(description="what quantize's preset auto resolved to, and why")
@@ -362,8 +337,15 @@ class Report(_Model):
                                       "serving bundle ships")
     selected_engine: Provider = Field(description="the engine the selected model was gated on and serves on")
     selected_pair: str = Field(description="the selected pair's key in candidates (baseline: the reference)")
-    selection_reason: str | None = Field(description="why the baseline was selected (null when a candidate was): no "
-                                                     "candidate passed every gate, or none that did beat the baseline")
+    selection_reason: str = Field(description="why the selected pair was selected: a candidate's evidence over the "
+                                              "baseline and the pairs it tied with; for the baseline, why no "
+                                              "candidate passed every gate, or why none that did beat it")
+    ties: list[TiedPair] = Field(default_factory=list, description="pairs tied with the selected one on speed "
+                                                                  "(smallest-passing: on size, then speed); the "
+                                                                  "selected one won on fidelity, then size")
+    engine_disagreements: list[EngineDisagreement] = Field(
+        default_factory=list, description="model files whose outputs on two engines miss the fidelity budget "
+                                          "against each other")
     passed: bool = Field(description="a candidate was selected: it passed every gate and beat the baseline "
                                      "(false: the baseline is selected, selection_reason says why)")
 

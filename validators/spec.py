@@ -135,10 +135,26 @@ class FidelityGate(Strict):
     atol: ErrorMax = Field(None, description="largest allowed absolute error per output")
     rel_l2_max: ErrorMax = Field(
         None, description="largest allowed relative error ||candidate - baseline|| / ||baseline|| per output")
+    row_cosine_min: CosineMin = Field(
+        None, description="the bound on each index of an output's leading non-batch axis, when it has at most 256 "
+                          "(a detector's box and class rows, each on its own): the worst row is gated "
+                          "(default: cosine_min)")
+    rows: bool = Field(True, description="gate each output's worst row (row_cosine_min, default cosine_min); false: "
+                                         "whole outputs and slices only")
     slices: list[FidelitySlice] = Field(default_factory=list)
+
+    @property
+    def row_bound(self) -> float | None:
+        """The bound each output's worst row is gated on: row_cosine_min, else cosine_min; None: not gated."""
+        if not self.rows:
+            return None
+        return self.row_cosine_min if self.row_cosine_min is not None else self.cosine_min
 
     @model_validator(mode="after")
     def _unique(self) -> FidelityGate:
+        if not self.rows and self.row_cosine_min is not None:
+            raise ValueError("row_cosine_min bounds the worst row, and rows: false turns that gate off: "
+                             "remove one of them")
         labels = [s.label for s in self.slices]
         twice = next((label for i, label in enumerate(labels) if label in labels[:i]), None)
         if twice is not None:

@@ -46,6 +46,7 @@ class Measurement:
     spread_pct: float | None = None  # (fastest - slowest slice) / median, in %: the noise across rounds
     load: dict[str, float | None] | None = None  # artifacts.host.Load while it was measured
     session: dict[str, Any] | None = None  # SessionSettings / OpenVinoSettings the session really ran with
+    threads: int | None = None  # the CPU threads one call ran on, read back from the session
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -269,6 +270,7 @@ def measure(
         peak_rss_mb=peak,
         gpu_mem_mb=gpu_mb,
         session=recorded_settings(session, provider),
+        threads=engines.of(provider).settings_of(session).threads,
     )
 
 

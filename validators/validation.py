@@ -23,11 +23,13 @@ from temper.calibration.sources import Dataset
 from temper.validators import engine_census, report_model, scoring, tensorrt_census
 from temper.validators.benches import Bench, bench_all
 from temper.validators.census import Census, of_file
+from temper.validators.engine_agreement import disagreements
 from temper.validators.evaluate import Kept, predict
 from temper.validators.fidelity import compare_outputs, fidelity_gates
-from temper.validators.gates import Gate, Verdict, at_most, select
+from temper.validators.gates import Gate, Selection, Verdict, at_most, select
 from temper.validators.gpu_precision import int8_over_fp16
 from temper.validators.pairs import BASELINE, Pair, pairs, reference, split
+from temper.validators.selection import why_baseline, why_selected
 from temper.validators.session_search import Records
 from temper.validators.spec import ValidateSpec
 from temper.validators.speedup import Speedup, estimate
@@ -93,13 +95,15 @@ class Validation:
     baseline_throughput: list[Measurement]  # the reference pair's: the baseline on the first engine
     candidates: list[CandidateResult]  # every other pair
     selected: str  # a pair's key, or "baseline" when none passed or none that passed beat the reference
-    reason: str | None  # why the baseline was selected
+    reason: str  # why that pair was selected
     session_searches: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # model -> one per provider
+    selection: Selection = field(default_factory=lambda: Selection(None))  # with the pairs tied with the selected
+    disagreements: list[report_model.EngineDisagreement] = field(default_factory=list)  # one file, two engines
 
     @property
     def passed(self) -> bool:
         """A candidate was selected: it passed every gate and beat the baseline (gates.select)."""
-        return self.reason is None
+        return self.selected != BASELINE
 
 
 Progress = Callable[[str], None]
@@ -169,6 +173,8 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
                                                 f"{scorer.metric.name} drop"))
         result.fidelity = compare_outputs(base_out, out, spec)  # whole outputs, then the recipe's slices
         result.verdict.gates += fidelity_gates(result.fidelity, spec)
+        result.verdict.fidelity = min([c.cosine for c in result.fidelity]
+                                      + [c.worst_row.cosine for c in result.fidelity if c.worst_row], default=None)
         result.throughput = [_speed(bench, key, spec) for bench in benches]
         result.verdict.gates += [g for bench, (_, up) in zip(benches, result.throughput)
                                  if (g := _speed_gate(bench, up, pair.engine, spec)) is not None]
@@ -184,12 +190,21 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
         for result in results:
             result.verdict.gates += [over[result.verdict.name]] if result.verdict.name in over else []
     base_bytes = subject.baseline.stat().st_size
-    selected = select([r.verdict for r in results], subject.rule, base_bytes)
-    reason = None if selected else why_baseline(results, host, subject.precisions, subject.rule, spec, base_bytes)
+    verdicts = [r.verdict for r in results]
+    ranking = next((b for b in benches if spec.throughput and b.batch_size == max(spec.throughput.batch_sizes)), None)
+
+    def versus(a: str, b: str) -> Speedup | None:  # a's speed over b's, in the same rounds (the gates' statistics)
+        return None if ranking is None or spec.throughput is None else estimate(ranking.ratios(a, over=b),
+                                                                                spec.throughput.confidence)
+
+    selection = select(verdicts, subject.rule, base_bytes, versus)
+    reason = (why_selected(selection, verdicts, subject.rule, spec, base_bytes) if selection.name else
+              why_baseline([(r.verdict, r.pair.model) for r in results], host, subject.precisions, subject.rule,
+                           spec, base_bytes))
     return Validation(subject, host, scorer.metric.name if scorer else None, scorer.value if scorer else None,
                       scorer.allowed if scorer else None,
-                      [bench.figure(ref.key(ref.engine)) for bench in benches], results, selected or BASELINE, reason,
-                      searches)
+                      [bench.figure(ref.key(ref.engine)) for bench in benches], results, selection.name or BASELINE,
+                      reason, searches, selection, disagreements(outputs, spec))
 
 
 def _ort_settings(result: CandidateResult) -> SessionSettings:
@@ -273,64 +288,6 @@ def _rank_speed(mine: list[tuple[Measurement, Speedup]], spec: ValidateSpec) -> 
     return next((m.samples_per_s, up) for m, up in mine if m.batch_size == size)
 
 
-def why_baseline(results: list[CandidateResult], host: HostProfile, precisions: dict[str, str],
-                 rule: str = "fastest-passing", spec: ValidateSpec | None = None,
-                 baseline_bytes: int | None = None) -> str:
-    """One line: why the FP32 baseline is the honest answer. Each candidate's first failed gate, and
-    what about this host explains a speed miss; for one that passed every gate, why it does not beat
-    the baseline (gates.beats_baseline)."""
-    clauses = []
-    for result in results:
-        name = result.verdict.name
-        if result.verdict.passed:
-            clauses.append(_not_better(result.verdict, rule, spec, baseline_bytes))
-            continue
-        gate = next(g for g in result.verdict.gates if not g.passed)
-        if gate.kind == "throughput":
-            what = (f"{name} is {gate.measured:.2f}x the baseline at batch {gate.batch_size}"
-                    if gate.verdict == "fail"
-                    else f"{name}'s speedup could not be told from noise ({gate.measured:.2f}x)")
-            hint = _host_hint(precisions.get(result.pair.model, ""), host, gate.provider or "")
-            clauses.append(what + (f": {hint}" if hint else ""))
-        elif gate.kind == "build":
-            clauses.append(f"{name} did not build")
-        else:
-            clauses.append(f"{name} failed {gate.name} ({gate.detail})")
-    if not any(r.verdict.passed for r in results):
-        return "no candidate passed every gate on this host, so the FP32 baseline is selected: " + "; ".join(clauses)
-    better = "faster than the baseline on its speedup interval" if rule == "fastest-passing" else "smaller"
-    return (f"no candidate that passed every gate is {better} ({rule}), so the FP32 baseline is selected: "
-            + "; ".join(clauses))
-
-
-def _not_better(verdict: Verdict, rule: str, spec: ValidateSpec | None, baseline_bytes: int | None) -> str:
-    """Why a candidate that passed every gate is not selected over the baseline."""
-    name = verdict.name
-    if rule == "smallest-passing":
-        return f"{name} is {verdict.bytes or 0:,} bytes, not smaller than the baseline's {baseline_bytes or 0:,}"
-    if spec is None or spec.throughput is None or verdict.speedup is None:
-        return (f"{name} passed every gate but speed was not measured (no validate.throughput), so nothing shows "
-                "it faster: add validate.throughput or use select: smallest-passing")
-    up = verdict.speedup
-    where = f"at batch {max(spec.throughput.batch_sizes)} on {spec.throughput.providers[0]}"
-    if up.low is None or up.high is None:
-        return f"{name} passed every gate but is {up.shown()} the baseline {where}, too few rounds for an interval"
-    how = "slower" if up.high < 1.0 else "not evidently faster (the interval does not lie above 1.0)"
-    return f"{name} passed every gate but is {up.shown()} the baseline {where} ({up.confidence:.0%}): {how}"
-
-
-def _host_hint(precision: str, host: HostProfile, provider: str) -> str | None:
-    """What about this CPU makes a precision slow: the reason a speed gate missed, said plainly."""
-    if provider != "cpu":
-        return None
-    if precision.startswith("int8") and host.x86 and host.features_known and not host.vnni:
-        return f"this CPU ({host.cpu}) has no VNNI, so ONNX Runtime's INT8 kernels gain little or nothing over FP32"
-    if (precision == "fp16" and host.features_known
-            and "avx512_fp16" not in host.features and "fp16" not in host.features):
-        return f"this CPU ({host.cpu}) has no FP16 arithmetic, so FP16 runs through conversions to FP32"
-    return None
-
-
 def build_report(validation: Validation) -> report_model.Report:
     """The report.json contract (validators/report_model.py; written with report_model.dumps)."""
     subject = validation.subject
@@ -361,8 +318,16 @@ def build_report(validation: Validation) -> report_model.Report:
         selected_engine=chosen.engine,
         selected_pair=validation.selected,
         selection_reason=validation.reason,
+        ties=[report_model.TiedPair(pair=t.name, speedup=None if t.speedup is None else t.speedup.ratio,
+                                    speedup_interval=_interval(t.speedup), fidelity=t.fidelity)
+              for t in validation.selection.ties],
+        engine_disagreements=validation.disagreements,
         passed=validation.passed,
     )
+
+
+def _interval(up: Speedup | None) -> tuple[float, float] | None:
+    return None if up is None or up.low is None or up.high is None else (up.low, up.high)
 
 
 def _measurement(m: Measurement) -> report_model.Measurement:

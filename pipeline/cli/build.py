@@ -238,12 +238,14 @@ def _print_gates(outcome: flow.Outcome) -> None:
                                     f"with {len(best.float_nodes)} nodes in float; that model is kept, "
                                     "every trial is in report.md. Raise fallback.max_trials or the budget."),
                       soft_wrap=True)
+    from temper.validators.engine_agreement import describe
     from temper.validators.report import engine_line
 
+    for found in verdict.engine_disagreements:
+        err.print(Text.assemble(("engines disagree: ", "yellow"), describe(found)), soft_wrap=True)
     out.print(Text.assemble(("selected: ", "green"), verdict.selected_pair))
     out.print(Text(f"serving: {engine_line(verdict)}"), soft_wrap=True)
-    if verdict.selection_reason:
-        out.print(Text(verdict.selection_reason), soft_wrap=True)  # plain text: gate names hold [brackets]
+    out.print(Text(verdict.selection_reason), soft_wrap=True)  # plain text: gate names hold [brackets]
     for name in outcome.missed:
         err.print(Text.assemble(("gates failed: ", "red"), f"required candidate {name} did not pass"))
 

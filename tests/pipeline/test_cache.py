@@ -321,3 +321,16 @@ def test_a_step_built_by_other_temper_source_is_built_again(temper, digits_dir, 
     assert built and temper("check", recipe).code == 0 and steps() == built  # the same source: cached
     monkeypatch.setattr(cache, "source_digest", lambda: "another commit's source")
     assert temper("check", recipe).code == 0 and steps() == 2 * built  # every step built again
+
+
+def test_every_quantize_backend_is_in_the_cache_key():
+    """Issue 33.5: nvidia-modelopt was missing, so upgrading ModelOpt served stale INT8 models from the cache."""
+    from typing import get_args
+
+    from temper.pipeline.cache import LIBRARIES, library_versions
+    from temper.pipeline.step_options import BACKEND_PACKAGES, QuantizeOptions
+
+    backends = get_args(QuantizeOptions.model_fields["backend"].annotation)
+    assert set(backends) == set(BACKEND_PACKAGES)
+    assert {"nvidia-modelopt", "nncf", "onnxruntime"} <= set(LIBRARIES)
+    assert "nvidia-modelopt" in library_versions()

@@ -52,8 +52,8 @@ def _recipe(folder: Path, fidelity: dict) -> Path:
 
 
 def test_a_slice_gate_fails_the_int8_model_a_whole_output_cosine_passes(temper, tmp_path):
-    recipe = _recipe(tmp_path, {"cosine_min": 0.99, "slices": [SCORES, {"output": "out", "axis": 1, "stop": 4,
-                                                                         "rel_l2_max": 0.05}]})
+    recipe = _recipe(tmp_path, {"cosine_min": 0.99, "rows": False,  # the slices alone (the row gate: test_mixed_scale)
+                                "slices": [SCORES, {"output": "out", "axis": 1, "stop": 4, "rel_l2_max": 0.05}]})
     out = tmp_path / "out"
     result = temper("run", recipe, "--output", out)
     assert result.code == 0, result.stderr  # a failed gate: the baseline is selected, the CI contract holds
@@ -82,7 +82,7 @@ def test_slices_and_relative_error_on_an_edited_copy_with_real_sessions(tmp_path
     x = {"x": np.random.default_rng(2).random((32, 4), dtype=np.float32)}
     base, edited = ({"out": ort.InferenceSession(str(tmp_path / name)).run(None, x)[0]}
                     for name in ("base.onnx", "edited.onnx"))
-    spec = ValidateSpec(fidelity=FidelityGate(cosine_min=0.99, rel_l2_max=0.2, slices=[SCORES]))
+    spec = ValidateSpec(fidelity=FidelityGate(cosine_min=0.99, rel_l2_max=0.2, rows=False, slices=[SCORES]))
     comparisons = compare_outputs(base, edited, spec)
     verdicts = {g.name: g.passed for g in fidelity_gates(comparisons, spec)}
     assert verdicts == {"fidelity.out.finite": True, "fidelity.out.cosine": True, "fidelity.out.rel_l2": True,

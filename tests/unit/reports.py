@@ -24,7 +24,8 @@ def measurement(samples_per_s: float, **extra: Any) -> dict[str, Any]:
             "samples_per_s": samples_per_s, "latency_ms": {"p50": 1.25, "p90": 1.5, "p95": 1.6, "p99": 2.125},
             "peak_rss_mb": 300.0, "gpu_mem_mb": None, "rounds": 6, "spread_pct": 4.5,
             "load": {"load_1m": 1.5, "steal_pct": 0.0, "busy_pct": 55.0},
-            "session": {"intra_op_threads": 2, "spinning": False, "graph_optimization": "all"}, **extra}
+            "session": {"intra_op_threads": 2, "spinning": False, "graph_optimization": "all"}, "threads": 2,
+            **extra}
 
 
 def gate(name: str, passed: bool, detail: str, verdict: str = "", interval: list[float] | None = None,
@@ -61,9 +62,10 @@ SESSION_SEARCH = {  # the baseline searched on cpu: one thread faster on its int
 def sample_report() -> dict[str, Any]:
     """Two candidates, neither passing: int8's speed gate is inconclusive, fp16 misses accuracy."""
     fidelity = {"name": "logits", "slice": None, "max_abs": 0.0123456, "mean_abs": 0.001, "p99_abs": 0.01,
-                "max_rel": 0.05, "rel_l2": 0.002, "cosine": 0.9999, "nonfinite": 0, "within_tolerance": False}
+                "max_rel": 0.05, "rel_l2": 0.002, "cosine": 0.9999, "nonfinite": 0, "within_tolerance": False,
+                "worst_row": None}
     report = {
-        "schema_version": 4, "recipe": "toy", "metric": "top1",
+        "schema_version": 5, "recipe": "toy", "metric": "top1",
         "baseline": {"metric": 0.95, "engine": "cpu", "throughput": [measurement(4000.0)]},
         "allowed_drop": 0.02,
         "candidates": {
@@ -97,7 +99,7 @@ def sample_report() -> dict[str, Any]:
         "target": {"target": "arm64", "preset": "arm64-int8", "reason": "the recipe's target"},
         "speed_policy": {"min_speedup": 1.2, "gated_batch_sizes": [8], "confidence": 0.95, "max_duration_s": 30.0,
                          "inconclusive": "fail"},
-        "selection_reason": REASON,
+        "selection_reason": REASON, "ties": [], "engine_disagreements": [],
     }
     jsonschema.validate(report, SCHEMA)  # every test reads a report the CI contract allows
     return report

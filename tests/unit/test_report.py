@@ -12,6 +12,8 @@ from temper.validators.report import junit, markdown, speedup_text
 from temper.validators.report_model import Report
 from tests.unit.reports import INCONCLUSIVE, REASON, SCHEMA, gate, sample_report
 
+CHOSEN = "int8 passed every gate and is 1.40x [1.36, 1.44] the baseline at batch 8 on cpu (95%): faster on its interval"
+
 
 def test_baseline_selection_states_its_reason():
     assert f"**no candidate passed** — selected `baseline`: {REASON}" in markdown(sample_report()).splitlines()
@@ -19,10 +21,10 @@ def test_baseline_selection_states_its_reason():
 
 def test_a_passing_report_names_its_selection():
     report = sample_report()
-    report.update(passed=True, selected="int8", selected_pair="int8", selection_reason=None)
+    report.update(passed=True, selected="int8", selected_pair="int8", selection_reason=CHOSEN)
     report["candidates"]["int8"]["passed"] = True
     jsonschema.validate(report, SCHEMA)
-    assert "**passed** — selected `int8`" in markdown(report).splitlines()
+    assert f"**passed** — selected `int8`: {CHOSEN}" in markdown(report).splitlines()  # a reason for every selection
 
 
 def test_host_section_says_where_figures_were_measured():
@@ -95,9 +97,10 @@ def test_speedup_text_without_an_interval():
 def test_fidelity_table_lists_every_candidate_and_output():
     lines = markdown(sample_report()).splitlines()
     start = lines.index("## Fidelity (per output, vs the baseline)")
-    assert lines[start + 2] == "| candidate | output | cosine | rel L2 | max abs | mean abs | p99 abs | NaN/Inf |"
-    assert lines[start + 4] == "| int8 | logits | 0.999900 | 0.002 | 0.01235 | 0.001 | 0.01 | 0 |"
-    assert lines[start + 5] == "| fp16 | logits | 0.980000 | 0.002 | 0.01235 | 0.001 | 0.01 | 0 |"
+    assert lines[start + 2] == ("| candidate | output | cosine | worst row | rel L2 | max abs | mean abs | p99 abs | "
+                                "NaN/Inf |")
+    assert lines[start + 4] == "| int8 | logits | 0.999900 | — | 0.002 | 0.01235 | 0.001 | 0.01 | 0 |"
+    assert lines[start + 5] == "| fp16 | logits | 0.980000 | — | 0.002 | 0.01235 | 0.001 | 0.01 | 0 |"
 
 
 def test_no_metric_and_no_throughput_leave_their_columns_and_sections_out():
@@ -170,7 +173,7 @@ def test_an_int8_pair_whose_engine_runs_part_of_it_in_float_says_so_where_it_ser
     jsonschema.validate(report, SCHEMA)
     assert "| int8 | int8-static | int8-static | 3 | 3 | **2** | 0 | 0 | 0 |" in markdown(report)
     assert "| fp16 | fp16 | fp16 | 3 | 0 | — |" in markdown(report)  # nothing quantized: not asked
-    report.update(selected="int8", selected_pair="int8", passed=True, selection_reason=None)
+    report.update(selected="int8", selected_pair="int8", passed=True, selection_reason=CHOSEN)
     line = engine_line(Report.model_validate(report))
     assert line.endswith("; ONNX Runtime runs 2 of the graph's 3 quantized compute nodes in INT8 (1 compute on "
                          "dequantized values in float)"), line

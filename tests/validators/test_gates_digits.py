@@ -45,9 +45,12 @@ def test_sensible_budget_passes_and_selects_the_fastest_passing(temper, gated_di
                if c["passed"]}
     assert passing, "int8-static passes a 0.8x speed budget"
     faster = {n: m for n, m in passing.items() if m["speedup_interval"][0] > 1.0}
-    fastest = max(faster, key=lambda n: faster[n]["samples_per_s"]) if faster else "baseline"
-    assert report["selected"] == fastest and report["passed"] == bool(faster)
-    assert (report["selection_reason"] is None) == bool(faster)
+    # ranked on the paired intervals: the largest speedup, or one tied with it on its paired interval
+    leader = max(faster, key=lambda n: faster[n]["speedup"]) if faster else "baseline"
+    tied = {t["pair"] for t in report["ties"]}
+    fastest = report["selected"]
+    assert (fastest == leader or (fastest in faster and leader in tied)) and report["passed"] == bool(faster)
+    assert report["selection_reason"].startswith(f"{fastest} passed every gate" if faster else "no candidate")
     assert f"selected: {fastest}" in result.stdout
     assert ("digits-cnn.int8-dynamic", "throughput.cpu.b32") in _junit_failures(out)
     for name in ("report.md", "throughput.png", "tradeoff.png"):

@@ -52,13 +52,13 @@ def sessions(spec: ThroughputSpec, pairs: dict[str, tuple[Pair, Path]], sample: 
     if not spec.session_search and reference in pairs:
         count, first = one_thread_count(pairs, reference, sample, layout)
         progress(f"throughput › sessions on {count} thread{'s' if count > 1 else ''} for every pair")
-        opened = {reference: first}
+        shared: dict[str, Session] = {reference: first}
         for key, (pair, path) in pairs.items():
             if key != reference:
                 default = engine_defaults(pair.engine)
                 gpu = PROVIDERS[cast(Provider, pair.engine)].gpu
-                opened[key] = session_for(path, pair.engine, default if gpu else default.with_threads(count))
-        return opened, {}
+                shared[key] = session_for(path, pair.engine, default if gpu else default.with_threads(count))
+        return shared, {}
     opened: dict[str, Session] = {}
     searches: dict[str, list[dict[str, Any]]] = {}
     for engine in engines:

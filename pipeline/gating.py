@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from temper.artifacts.engines.providers import PROVIDERS
 from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line
 from temper.artifacts.integrity import Mismatch, check_output, read_manifest
 from temper.pipeline.cache import MODEL_FILE, TUNING_FILE, OutputStore, RecordStore
@@ -94,6 +95,10 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
                     raise RecipeError(loaded.file, f"validate.throughput.batch_sizes[{index}]", problem)
             done.append(f"validate.throughput: providers {', '.join(spec.throughput.providers)} active, batch sizes "
                         f"{spec.throughput.batch_sizes} fit in memory")
+            if any(PROVIDERS[p].gpu for p in spec.throughput.providers):  # what a GPU figure will be measured on
+                from temper.artifacts import nvidia
+
+                done.append(f"GPU stack: {nvidia.summary(nvidia.read_facts())}")
     done += check_slices(runner)  # fidelity slices against the baseline's output shapes
     if runner.recipe.publish is not None:
         from temper.artifacts.registry import connect, reachable, tracking_uri

@@ -11,7 +11,6 @@ Every probe is best-effort: an unknown OS or CPU yields empty fields, never an e
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import math
 import os
 import platform
@@ -23,7 +22,7 @@ from typing import Any
 import psutil
 from pydantic import BaseModel, ConfigDict
 
-from temper.artifacts import nvidia
+from temper.artifacts import distributions, nvidia
 
 # The features that decide which INT8/FP16/BF16 kernels ONNX Runtime can use, by the names
 # Linux gives them in /proc/cpuinfo (x86 "flags", arm64 "Features").
@@ -121,7 +120,7 @@ def profile() -> HostProfile:
                        features_known=flags is not None, usable_cores=usable_cores(), logical_cpus=os.cpu_count(),
                        memory_gib=memory, onnxruntime=ort_version, providers=providers,
                        gpus=[Gpu(name=c.name, compute_capability=c.compute_capability) for c in stack.cards],
-                       openvino=_installed("openvino"), nvidia_driver=stack.driver, cuda=stack.cuda,
+                       openvino=distributions.version_of("openvino"), nvidia_driver=stack.driver, cuda=stack.cuda,
                        cudnn=stack.cudnn, onnxruntime_gpu=stack.onnxruntime_gpu, tensorrt=stack.tensorrt)
 
 
@@ -186,13 +185,6 @@ def _onnxruntime() -> tuple[str | None, list[str]]:
     except Exception:  # not installed, or a broken build: the profile still stands
         return None, []
     return getattr(ort, "__version__", None), list(ort.get_available_providers())
-
-
-def _installed(package: str) -> str | None:
-    """A package's installed version, read from its metadata: importing OpenVINO costs a second."""
-    with contextlib.suppress(Exception):
-        return importlib.metadata.version(package)
-    return None
 
 
 def _nvidia() -> nvidia.Facts:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 import warnings
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import mlflow
@@ -30,13 +29,13 @@ from mlflow.models.model import ModelInfo
 from mlflow.pyfunc.model import PythonModel, PythonModelContext
 from mlflow.types import Schema, TensorSpec
 
-from temper.artifacts import engines
+from temper.artifacts import distributions, engines
 from temper.artifacts.bundle import ServingConfig, example_inputs, read
 from temper.artifacts.integrity import Mismatch, check_bundle
 from temper.artifacts.layout import to_axis
 from temper.artifacts.runtime import RequestError, Runtime
 
-REQUIREMENTS = ("onnxruntime", "numpy", "pandas", "mlflow", "onnx", "pydantic", "psutil", "platformdirs")
+REQUIREMENTS = distributions.of_role("served")  # artifacts/distributions.py: onnxruntime, numpy, pandas, mlflow, ...
 EXAMPLE_DYNAMIC_DIM = 8
 
 
@@ -152,19 +151,7 @@ def pinned_requirements(row: str = "cpu") -> list[str]:
     (a model selected on OpenVINO requires the openvino the gates ran it on, and only that model does);
     onnxruntime-gpu stands in for onnxruntime on hosts that have it instead, with its CUDA and cuDNN wheels
     (its `cuda,cudnn` extras), which a GPU serving host needs as much as the runtime."""
-    pins = []
-    for package in (*REQUIREMENTS, *engines.of(row).packages):
-        candidates = ("onnxruntime-gpu", package) if package == "onnxruntime" else (package,)
-        for candidate in candidates:
-            try:
-                extras = "[cuda,cudnn]" if candidate == "onnxruntime-gpu" else ""
-                pins.append(f"{candidate}{extras}=={version(candidate)}")
-                break
-            except PackageNotFoundError:
-                continue
-        else:
-            raise PackageNotFoundError(package)
-    return pins
+    return [distributions.pin(package) for package in (*REQUIREMENTS, *engines.of(row).packages)]
 
 
 def log_bundle(bundle: Path, name: str = "model") -> ModelInfo:

@@ -8,17 +8,18 @@ ONNX Runtime distribution must be installed for any of that to mean something (`
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
+from temper.artifacts import distributions
 from temper.artifacts.errors import EnvironmentProblem
 
 # The distributions that provide `import onnxruntime`. Both install the one `onnxruntime` package folder, so with
 # both the files of whichever installed last win (usually the CPU build's) and uninstalling either breaks the other.
-RUNTIMES = ("onnxruntime", "onnxruntime-gpu")
-# "onnxruntime" is the version `import onnxruntime` runs, from either distribution; "onnxruntime-gpu" is recorded
-# too when that is the one installed, so a bundle says which build its gates ran on.
-TRACKED = ("onnxruntime", "onnxruntime-gpu", "onnx", "numpy", "temper-ml")
-_DISTRIBUTIONS = {"onnxruntime": RUNTIMES}
+RUNTIMES = distributions.LIBRARIES["onnxruntime"].alternatives
+# The table's `gated` libraries (artifacts/distributions.py); "onnxruntime" is the version `import onnxruntime`
+# runs, from either distribution, and a stand-in ("onnxruntime-gpu") is recorded too when it is the one installed,
+# so a bundle says which build its gates ran on.
+_GATED = distributions.of_role("gated")
+_STAND_INS = tuple(alt for name in _GATED for alt in distributions.LIBRARIES[name].alternatives[1:])
+TRACKED = (*_GATED, *_STAND_INS)
 REINSTALL = ("pip uninstall -y onnxruntime onnxruntime-gpu, then pip install 'temper-ml[gpu]' on an NVIDIA GPU host "
              "or 'temper-ml[cpu]' elsewhere")
 
@@ -27,10 +28,8 @@ def runtimes() -> dict[str, str]:
     """The ONNX Runtime distributions installed here, with their versions (package metadata: nothing is imported)."""
     found = {}
     for distribution in RUNTIMES:
-        try:
-            found[distribution] = version(distribution)
-        except PackageNotFoundError:
-            continue
+        if (number := distributions.distribution_version(distribution)) is not None:
+            found[distribution] = number
     return found
 
 
@@ -50,15 +49,9 @@ def require_one_runtime() -> None:
 def current() -> dict[str, str]:
     """The installed versions of TRACKED; one that is not installed (temper-ml beside an MLflow model
     that ships its own code) is left out."""
-    found = {}
-    for library in TRACKED:
-        for distribution in _DISTRIBUTIONS.get(library, (library,)):
-            try:
-                found[library] = version(distribution)
-                break
-            except PackageNotFoundError:
-                continue
-    return found
+    found = {library: distributions.version_of(library) for library in _GATED}
+    found |= {stand_in: distributions.distribution_version(stand_in) for stand_in in _STAND_INS}
+    return {library: number for library, number in found.items() if number is not None}
 
 
 def drift(recorded: dict[str, str], now: dict[str, str] | None = None) -> list[str]:

@@ -84,8 +84,8 @@ def qwac_child(recipe_file: Path, cache: Path, out: Path, iterations: int) -> in
     import onnx
 
     from temper.artifacts import onnx_io
-    from temper.pipeline.step_options import QuantizeOptions
-    from temper.pipeline.steps.quantize import quantize_nncf
+    from temper.pipeline.quantize_backends import nncf as quantize_nncf
+    from temper.pipeline.quantize_backends import quantize_options
     from temper.pipeline.steps.quantize.quantize import calibration_feeds
     from temper.validators import metrics
     from temper.validators.evaluate import predict
@@ -125,7 +125,7 @@ def qwac_child(recipe_file: Path, cache: Path, out: Path, iterations: int) -> in
         print(f"qwac validation: {len(index)} items, {ref.metric.name} {value:.4f}", file=sys.stderr, flush=True)
         return value, [[emb[j:j + 1]] for j in range(len(index))]
 
-    options = QuantizeOptions.model_validate({"mode": "static", "backend": "nncf", "model_type": "transformer",
+    options = quantize_options({"mode": "static", "backend": "nncf", "model_type": "transformer",
                                               "smooth_quant_alpha": False})
     restorer = AdvancedAccuracyRestorerParameters(max_num_iterations=iterations, ranking_subset_size=RANKING_ROWS,
                                                   intermediate_model_dir=str(out))

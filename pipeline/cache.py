@@ -19,27 +19,23 @@ import numpy as np
 import platformdirs
 from filelock import FileLock
 
-from temper.pipeline.step_options import BACKEND_PACKAGES
+from temper.artifacts import distributions
+from temper.pipeline.quantize_backends import BACKENDS
 
 MODEL_FILE = "model.onnx"
 TUNING_FILE = "tuning.json"  # written beside a model by the quantize fallback: its trials and ranking
 META_FILE = "meta.json"
 
-# part of every step's key; nncf, an optional quantize backend, is "absent" where it is not installed
-# every quantize backend's package, derived from the backends so that a new one (or ModelOpt, once missing here)
-# cannot serve a stale INT8 model after an upgrade
-LIBRARIES = tuple(dict.fromkeys(("temper-ml", "torch", "onnx", "onnxruntime", "onnxsim", "numpy",
-                                 *BACKEND_PACKAGES.values())))
+# Part of every step's key: the `build` rows of artifacts/distributions.py and every quantize backend's libraries
+# (its registry entry names them), so a new backend, or an upgraded one, cannot serve a stale INT8 model; an
+# optional backend's library is "absent" where it is not installed.
+LIBRARIES = tuple(dict.fromkeys((*distributions.of_role("build"),
+                                 *(library for backend in BACKENDS.values() for library in backend.libraries))))
 
 
 def library_versions() -> dict[str, str]:
-    versions = {}
-    for name in LIBRARIES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = "absent"
-    return versions
+    """Each library's version, from whichever of its distributions provides it (onnxruntime-gpu named)."""
+    return {name: distributions.key_version(name) for name in LIBRARIES}
 
 
 PACKAGES = ("temper.pipeline", "temper.calibration", "temper.validators", "temper.artifacts")

@@ -8,13 +8,12 @@ from temper.artifacts import onnx_io
 from temper.artifacts.callables import load_callable
 from temper.artifacts.errors import OptionError, RecipeError
 from temper.pipeline.gating import preflight
+from temper.pipeline.quantize_backends import BACKENDS, QuantizeCommon
 from temper.pipeline.recipe import StepSpec
 from temper.pipeline.runner import Runner
 from temper.pipeline.slice_check import mixed_scale_notices
-from temper.pipeline.step_options import QuantizeOptions
 from temper.pipeline.steps import STEPS, uses_calibration
 from temper.pipeline.steps.quantize.census_check import subgraph_notice
-from temper.pipeline.steps.quantize.quantize import BACKENDS
 from temper.validators.census import Census, of_file
 
 
@@ -63,8 +62,8 @@ def _subgraph_notices(counted: Census, steps: list[tuple[str, StepSpec]]) -> lis
     """One line per candidate quantize step when the baseline keeps compute inside If/Loop/Scan bodies."""
     notices = []
     for where, spec in steps:
-        if isinstance(spec.options, QuantizeOptions):
-            line = subgraph_notice(counted, BACKENDS[spec.options.backend])
+        if isinstance(spec.options, QuantizeCommon):
+            line = subgraph_notice(counted, BACKENDS[spec.options.backend].label)
             if line:
                 notices.append(f"{where}.{spec.name}: {line}")
     return notices

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from temper.artifacts.errors import RecipeError, close_names
 from temper.pipeline import presets
+from temper.pipeline.quantize_backends import BACKENDS
 from temper.pipeline.recipe import Recipe
 from temper.pipeline.search import RefusedAlternative, Search, expand
 from temper.pipeline.steps import STEPS
@@ -110,6 +111,8 @@ def describe(error: Any, data: Any) -> tuple[str, str]:
     """Key path and message for one pydantic error, in the recipe's own terms."""
     loc = _data_loc(error["loc"], data)
     kind, given = error["type"], error.get("input")
+    if (worded := backend_terms(error, loc)) is not None:
+        return worded
     if kind == "extra_forbidden":
         valid = _fields_at(loc[:-1])
         close = close_names(str(loc[-1]), valid, n=1)
@@ -124,6 +127,46 @@ def describe(error: Any, data: Any) -> tuple[str, str]:
     if kind != "value_error" and not isinstance(given, (dict, list)):
         message += f" (got {given!r})"
     return _path(loc), message
+
+
+def backend_terms(error: Any, loc: tuple[Any, ...]) -> tuple[str, str] | None:
+    """A quantize step's error that the backends' union would word in pydantic's terms (an unknown backend, a key
+    or a value of another backend), in the recipe's: what takes it, and the `backend:` it needs. None: not one."""
+    raw, kind = tuple(error["loc"]), error["type"]
+    if kind == "union_tag_invalid" and raw and raw[-1] == "quantize":
+        tag = error.get("ctx", {}).get("tag", "")
+        return _path((*loc, "backend")), f"{tag!r} is not one of {', '.join(BACKENDS)}"
+    at = [i + 1 for i in range(len(raw) - 1) if raw[i] == "quantize" and raw[i + 1] in BACKENDS]
+    if not at:
+        return None
+    if at[0] == len(raw) - 1:  # the backend's own model-level check (mode: dynamic): at the step's key
+        return _path(loc[:-1] if loc and loc[-1] == raw[-1] else loc), error["msg"].removeprefix("Value error, ")
+    if at[0] != len(raw) - 2 or kind not in ("extra_forbidden", "literal_error") or not loc:
+        return None  # deeper (fallback's own keys), or another kind: worded as any error
+    chosen, key, given = BACKENDS[str(raw[at[0]])], str(loc[-1]), error.get("input")
+    if kind == "extra_forbidden":
+        if key in chosen.options.instead:
+            return _path(loc), chosen.options.instead[key]
+        others = [b for b in BACKENDS.values() if key in b.options.model_fields]
+        if not others:
+            valid = list(chosen.options.model_fields)
+            close = close_names(key, valid, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (valid keys: {', '.join(valid)})"
+            return _path(loc), f"unknown key '{key}'{hint}"
+        named = " or ".join(f"{b.label}" for b in others)
+        return _path(loc), f"an option of {named}: it needs backend: {' or '.join(b.name for b in others)}"
+    takers = [b for b in BACKENDS.values() if b is not chosen and key in b.options.model_fields
+              and given in _literals(b.options.model_fields[key].annotation)]
+    if not takers:
+        return None
+    return _path(loc), f"{given} is {takers[0].label}'s {key}: it needs backend: {takers[0].name}"
+
+
+def _literals(annotation: Any) -> set[Any]:
+    """The values a (possibly optional, nested) Literal annotation allows."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return set(typing.get_args(annotation))
+    return {value for arg in typing.get_args(annotation) for value in _literals(arg)}
 
 
 def _data_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
@@ -166,6 +209,8 @@ def _fields_at(loc: tuple[Any, ...]) -> list[str]:
 def _model_in(annotation: Any) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
+    if typing.get_origin(annotation) is typing.Annotated:  # a tagged union (the quantize backends): its first
+        return _model_in(typing.get_args(annotation)[0])
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         for arg in typing.get_args(annotation):
             if (found := _model_in(arg)) is not None:

@@ -88,9 +88,10 @@ def fill(options: dict[str, Any], choice: Choice | None = None) -> dict[str, Any
     back is the resolved one, so the cache key and the manifest say what was really built.
     """
     name = options.get("preset", AUTO if choice else None)
+    if options.get("backend", "ort") != "ort":  # ModelOpt and NNCF configure their own quantizers: their steps
+        # drop auto, and a preset they refuse by name fills none of ONNX Runtime's keys the user never wrote
+        return {k: v for k, v in options.items() if k != "preset"} if name == AUTO else options
     if name == AUTO:
-        if options.get("backend", "ort") != "ort":  # ModelOpt and NNCF configure their own quantizers
-            return {k: v for k, v in options.items() if k != "preset"}
         choice = choice or choose()
         name = choice.preset
         if name in NEEDS_STATIC and options.get("mode") != "static":

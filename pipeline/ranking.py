@@ -13,16 +13,10 @@ import io
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import RecipeError
 from temper.pipeline.cache import RangeStore
+from temper.pipeline.quantize_backends import OrtOptions, quantize_static
 from temper.pipeline.runner import Runner
-from temper.pipeline.step_options import FallbackOptions, QuantizeOptions
-from temper.pipeline.steps.quantize import (
-    Quantize,
-    calibration_feeds,
-    needs_external_data,
-    quantize_static,
-    rankable,
-    sensitivity,
-)
+from temper.pipeline.step_options import FallbackOptions
+from temper.pipeline.steps.quantize import Quantize, calibration_feeds, needs_external_data, rankable, sensitivity
 from temper.pipeline.steps.quantize.fallback import first_samples
 
 
@@ -36,12 +30,12 @@ def rank_candidate(runner: Runner, name: str, samples: int | None) -> list[sensi
         raise RecipeError(file, "--candidate", f"no candidate named '{name}'; {hint}")
     steps = recipe.candidates[name].steps
     index = next((i for i, s in enumerate(steps)
-                  if s.name == Quantize.name and isinstance(s.options, QuantizeOptions) and rankable(s.options)), None)
+                  if s.name == Quantize.name and rankable(s.options)), None)
     if index is None:
         raise RecipeError(file, f"candidates.{name}.steps", "has no static quantize step (mode: static, backend: ort): "
                                                            "the ranking measures what static INT8 does to each node")
     options = steps[index].options
-    assert isinstance(options, QuantizeOptions)
+    assert isinstance(options, OrtOptions)
     base = runner.baseline()
     source = runner.chain(name, base[-1], steps[:index], f"candidates.{name}.steps")[-1].path
     structure = onnx_io.load_structure(source)

@@ -15,7 +15,8 @@ from temper.artifacts.layout import default_axes
 from temper.artifacts.strict import CallableRef, Identifier, Strict
 from temper.calibration.spec import DataSource
 from temper.pipeline import presets
-from temper.pipeline.step_options import FixShapesOptions, Fp16Options, QuantizeOptions, SimplifyOptions
+from temper.pipeline.quantize_backends import QuantizeOptions
+from temper.pipeline.step_options import FixShapesOptions, Fp16Options, SimplifyOptions
 from temper.validators.spec import ValidateSpec
 
 

@@ -15,12 +15,17 @@ def recipe_schema() -> dict[str, Any]:
     defs["StepSpec"] = {"anyOf": [{"enum": sorted(StepSpec.model_fields), "description": "a step with its defaults"},
                                   defs["StepSpec"]]}
     for kind, keys in SEARCHABLE.items():
-        properties = defs[OPTION_MODELS[kind].__name__]["properties"]
-        for key in keys:
-            kept = {k: v for k, v in properties[key].items() if k in ("default", "description", "title")}
-            one = {k: v for k, v in properties[key].items() if k not in kept}
-            properties[key] = {**kept, "anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
+        for model in OPTION_MODELS[kind]:
+            _searchable(defs[model.__name__]["properties"], [key for key in keys if key in model.model_fields])
     defs["CandidateSpec"]["properties"]["max_trials"] = {
         "type": "integer", "minimum": 1, "default": DEFAULT_MAX_TRIALS,
         "description": "when step options list alternatives: build and validate at most this many combinations"}
     return schema
+
+
+def _searchable(properties: dict[str, Any], keys: list[str]) -> None:
+    """Each of `keys` in an options model's schema: its value, or a list of alternatives."""
+    for key in keys:
+        kept = {k: v for k, v in properties[key].items() if k in ("default", "description", "title")}
+        one = {k: v for k, v in properties[key].items() if k not in kept}
+        properties[key] = {**kept, "anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}

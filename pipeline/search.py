@@ -24,9 +24,10 @@ from temper.pipeline.recipe import StepSpec
 from temper.pipeline.steps import STEPS, searchable
 
 # Scalar options whose list value means "try each" (each step's `searchable`); list-valued options
-# (exclude_nodes) are not searched. OPTION_MODELS: their options models, for `temper schema`.
+# (exclude_nodes) are not searched. OPTION_MODELS: their options models (quantize: one per backend), for
+# `temper schema`.
 SEARCHABLE = searchable()
-OPTION_MODELS = {name: STEPS[name].options_model for name in SEARCHABLE}
+OPTION_MODELS = {name: STEPS[name].option_models() for name in SEARCHABLE}
 DEFAULT_MAX_TRIALS = 16
 
 

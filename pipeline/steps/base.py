@@ -12,13 +12,12 @@ pulls in torch (onnxsim, onnxruntime.tools) where it runs, never at module level
 
 from __future__ import annotations
 
-import contextlib
-import logging
+import typing
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -31,7 +30,7 @@ from temper.pipeline.recipe import InputSpec
 if TYPE_CHECKING:
     import onnx
 
-    from temper.pipeline.steps.quantize.quantize_static import KeptRanges
+    from temper.pipeline.quantize_backends.quantize_static import KeptRanges
     from temper.validators.scoring import Score
 
 Options = TypeVar("Options", bound=BaseModel)
@@ -80,12 +79,18 @@ class Step(ABC, Generic[Options]):
 
     name: ClassVar[str]
     """The key a recipe writes (`- quantize: {...}`): StepSpec's field holding `options_model`."""
-    options_model: ClassVar[type[BaseModel]]
-    """The pydantic model of its options (in pipeline.step_options)."""
+    options_model: ClassVar[Any]
+    """The pydantic model of its options (in pipeline.step_options), or a tagged union of models (quantize: one
+    per backend, pipeline/quantize_backends/)."""
     searchable: ClassVar[tuple[str, ...]] = ()
     """Scalar options whose list value in a recipe means "try each" (pipeline/search.py expands them)."""
     budget_option: ClassVar[str | None] = None
     """The option that, when set, makes the step aim at validate.accuracy (quantize: fallback)."""
+
+    @classmethod
+    def option_models(cls) -> tuple[type[BaseModel], ...]:
+        """The models its options may be: `options_model`, or the members of its tagged union."""
+        return models_in(cls.options_model)
 
     def uses_calibration(self, options: Options) -> bool:
         """True when the output depends on the calibration data, which then joins the cache key."""
@@ -107,6 +112,13 @@ class Step(ABC, Generic[Options]):
         """Read the model at `src`, write the transformed model to `dst`; raise StepFailed when it cannot."""
 
 
+def models_in(annotation: Any) -> tuple[type[BaseModel], ...]:
+    """The pydantic models an annotation holds: itself, or an (Annotated, tagged) union's members."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return (annotation,)
+    return tuple(model for arg in typing.get_args(annotation) for model in models_in(arg))
+
+
 def require_known(key: str, what: str, wanted: list[str], present: list[str]) -> None:
     """Raise OptionError for the first name not in `present`, with the closest real names as a hint."""
     known = set(present)
@@ -121,14 +133,3 @@ def require_known(key: str, what: str, wanted: list[str], present: list[str]) ->
         else:
             hint = f"the graph has no named {what}s"
         raise OptionError(f"{key}[{index}]", f"{what} '{name}' is not in the graph; {hint}")
-
-
-@contextlib.contextmanager
-def quiet_logger(logger: logging.Logger) -> Iterator[None]:
-    """Only `logger`'s errors while a library runs: torch.onnx and NNCF log progress the CLI shows its own way."""
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)

@@ -16,8 +16,8 @@ from temper.artifacts import onnx_io
 from temper.artifacts.errors import OptionError, StepFailed, first_line
 from temper.artifacts.onnx_io import Batch
 from temper.pipeline.input_layout import layout_of
+from temper.pipeline.quantize_backends.base import quiet_logger
 from temper.pipeline.recipe import ModelSpec
-from temper.pipeline.steps.base import quiet_logger
 from temper.validators.fidelity import compare
 
 

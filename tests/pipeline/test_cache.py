@@ -324,13 +324,16 @@ def test_a_step_built_by_other_temper_source_is_built_again(temper, digits_dir, 
 
 
 def test_every_quantize_backend_is_in_the_cache_key():
-    """Issue 33.5: nvidia-modelopt was missing, so upgrading ModelOpt served stale INT8 models from the cache."""
-    from typing import get_args
-
+    """Issue 33.5: nvidia-modelopt was missing, so upgrading ModelOpt served stale INT8 models from the cache.
+    Every registered backend's libraries are rows of the one distributions table and in every step's key."""
+    from temper.artifacts import distributions
     from temper.pipeline.cache import LIBRARIES, library_versions
-    from temper.pipeline.step_options import BACKEND_PACKAGES, QuantizeOptions
+    from temper.pipeline.quantize_backends import BACKENDS
 
-    backends = get_args(QuantizeOptions.model_fields["backend"].annotation)
-    assert set(backends) == set(BACKEND_PACKAGES)
+    assert set(BACKENDS) == {"ort", "modelopt", "nncf"}
+    for backend in BACKENDS.values():
+        assert backend.libraries, backend.name
+        for library in backend.libraries:
+            assert library in distributions.LIBRARIES, (backend.name, library)
+            assert library in LIBRARIES and library in library_versions(), (backend.name, library)
     assert {"nvidia-modelopt", "nncf", "onnxruntime"} <= set(LIBRARIES)
-    assert "nvidia-modelopt" in library_versions()

@@ -194,7 +194,7 @@ def _reference_rank(prepared, options, feeds, scratch: Path) -> list[sensitivity
     models, each batch's activations all held at once, energies over whole float64 copies."""
     from onnxruntime.quantization import qdq_loss_debug as debug
 
-    from temper.pipeline.steps.quantize import quantize_static
+    from temper.pipeline.quantize_backends import quantize_static
 
     def energies(reference: list[np.ndarray], test: list[np.ndarray]) -> tuple[float, float]:
         a = np.concatenate([np.ravel(x) for x in reference]).astype(np.float64)
@@ -234,11 +234,10 @@ def _reference_rank(prepared, options, feeds, scratch: Path) -> list[sensitivity
 
 def _prepare_conv(folder: Path, large: bool):
     """The conv net of the quantize tests, calibrated: its input and every activation are quantized."""
-    from temper.pipeline.step_options import QuantizeOptions
-    from temper.pipeline.steps.quantize import quantize_static
+    from temper.pipeline.quantize_backends import OrtOptions, quantize_static
     from tests.pipeline.steps.quantize_models import conv_net, heavy_tailed
 
-    options = QuantizeOptions(mode="static")
+    options = OrtOptions(mode="static")
     feeds = [heavy_tailed(seed, rows=8) for seed in range(3)]
     return quantize_static.prepare(conv_net(folder / "net.onnx"), options, feeds, folder, large), options, feeds
 
@@ -277,7 +276,7 @@ def test_the_ranking_reads_big_batches_a_few_rows_per_run_with_the_same_result(p
     holds its chunk's activations, so smaller runs hold less) and ranks exactly as whole batches do."""
     import numpy as np
 
-    from temper.pipeline.steps.quantize import quantize_static
+    from temper.pipeline.quantize_backends import quantize_static
 
     prepared, options, feeds = prepared_conv
     joined = [{name: np.concatenate([f[name] for f in feeds]) for name in feeds[0]}]  # one batch of 24 rows
@@ -323,12 +322,13 @@ _MEMORY_PROBE = """
 import resource, sys
 from pathlib import Path
 import numpy as np
-from temper.pipeline.step_options import QuantizeOptions
-from temper.pipeline.steps.quantize import quantize_static, sensitivity
+from temper.pipeline.quantize_backends import OrtOptions, quantize_options
+from temper.pipeline.quantize_backends import quantize_static
+from temper.pipeline.steps.quantize import sensitivity
 
 folder, width, depth, chunk_bytes = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 prepared = quantize_static.Prepared(folder / "preprocessed.onnx", folder / "ranges.json", False)
-options, rng = QuantizeOptions(mode="static"), np.random.default_rng(1)
+options, rng = OrtOptions(mode="static"), np.random.default_rng(1)
 sensitivity.rank(prepared, options, [{"x": rng.standard_normal((1, width), np.float32)}], folder)  # warm
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 wide = [{"x": rng.standard_normal((8, width), np.float32)}]
@@ -348,8 +348,7 @@ def test_the_ranking_holds_about_chunk_bytes_of_activations_not_the_whole_model(
 
     from onnx import helper, numpy_helper
 
-    from temper.pipeline.step_options import QuantizeOptions
-    from temper.pipeline.steps.quantize import quantize_static
+    from temper.pipeline.quantize_backends import OrtOptions, quantize_static
     from tests.pipeline.steps.quantize_models import save_model
 
     width, depth = 1 << 20, 8  # 4 MiB a row
@@ -358,7 +357,7 @@ def test_the_ranking_holds_about_chunk_bytes_of_activations_not_the_whole_model(
                               name=f"mul{i}") for i in range(depth)]
     src = save_model(nodes, inits, ["batch", width], ["batch", width], tmp_path / "chain.onnx")
     one_row = [{"x": np.random.default_rng(0).standard_normal((1, width), np.float32)}]
-    quantize_static.prepare(src, QuantizeOptions(mode="static"), one_row, tmp_path, False)
+    quantize_static.prepare(src, OrtOptions(mode="static"), one_row, tmp_path, False)
     run = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, str(tmp_path), str(width), str(depth), str(64 * 2**20)],
                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], check=False)
     assert run.returncode == 0, run.stderr

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from temper.artifacts import onnx_io
-from temper.pipeline.step_options import QuantizeOptions
+from temper.pipeline.quantize_backends import OrtOptions
 from temper.pipeline.steps.base import StepContext
 from temper.pipeline.steps.quantize import Quantize
 from temper.validators.census import of_file
@@ -74,7 +74,7 @@ def _tune(tmp_path: Path, allowed_drop: float, **fallback: object) -> tuple[dict
     scratch.mkdir()
     ctx = StepContext([], batches, lambda: batches(1)[0], scratch, lambda: CosineScorer(src, allowed_drop),
                       notes.append)
-    options = QuantizeOptions(mode="static", preset=None, fallback={"max_trials": 4, **fallback})
+    options = OrtOptions(mode="static", preset=None, fallback={"max_trials": 4, **fallback})
     dst = tmp_path / "out" / "model.onnx"
     dst.parent.mkdir()
     Quantize().run(src, dst, options, ctx)
@@ -123,4 +123,4 @@ def test_configurations_false_keeps_the_steps_own(tmp_path):
 def test_only_the_weaker_settings_are_changed(given, tried):
     from temper.pipeline.steps.quantize.fallback import alternatives
 
-    assert alternatives(QuantizeOptions(mode="static", preset=None, **given)) == tried
+    assert alternatives(OrtOptions(mode="static", preset=None, **given)) == tried

@@ -7,7 +7,7 @@ import pytest
 
 from temper.artifacts.host import HostProfile, profile
 from temper.pipeline import presets
-from temper.pipeline.step_options import QuantizeOptions
+from temper.pipeline.quantize_backends import quantize_options
 
 
 def _host(cpu: str, arch: str, features: list[str], known: bool = True) -> HostProfile:
@@ -25,7 +25,7 @@ def test_x86_without_vnni_never_gets_the_saturating_u8s8_configuration():
     choice = presets.choose(host=XEON_NO_VNNI)
     assert choice.preset == "avx2" and "no VNNI" in choice.reason and "AVX-512" in choice.reason
     for mode in ("static", "dynamic"):
-        options = QuantizeOptions.model_validate({"mode": mode}, context={"preset_choice": choice})
+        options = quantize_options({"mode": mode}, context={"preset_choice": choice})
         assert options.weight_type == "uint8", "u8 activations x s8 weights saturate in vpmaddubsw"
         if mode == "static":
             assert options.activation_type == "uint8"
@@ -35,7 +35,7 @@ def test_x86_without_vnni_never_gets_the_saturating_u8s8_configuration():
 def test_vnni_hosts_get_u8_activations_and_s8_weights(host, feature):
     choice = presets.choose(host=host)
     assert choice.preset == "avx512_vnni" and feature in choice.reason
-    options = QuantizeOptions.model_validate({"mode": "static"}, context={"preset_choice": choice})
+    options = quantize_options({"mode": "static"}, context={"preset_choice": choice})
     assert (options.activation_type, options.weight_type) == ("uint8", "int8")
 
 
@@ -54,18 +54,18 @@ def test_a_named_target_wins_over_the_host():
 
 def test_a_step_s_own_settings_and_an_explicit_preset_beat_auto():
     choice = presets.choose(host=XEON_NO_VNNI)
-    own = QuantizeOptions.model_validate({"mode": "static", "weight_type": "int8", "reduce_range": True},
+    own = quantize_options({"mode": "static", "weight_type": "int8", "reduce_range": True},
                                          context={"preset_choice": choice})
     assert own.preset == "avx2" and own.weight_type == "int8" and own.reduce_range
-    named = QuantizeOptions.model_validate({"mode": "static", "preset": "arm64"}, context={"preset_choice": choice})
+    named = quantize_options({"mode": "static", "preset": "arm64"}, context={"preset_choice": choice})
     assert named.preset == "arm64" and named.weight_type == "int8"
-    plain = QuantizeOptions.model_validate({"mode": "static", "preset": None}, context={"preset_choice": choice})
+    plain = quantize_options({"mode": "static", "preset": None}, context={"preset_choice": choice})
     assert plain.preset is None and plain.activation_type == "int8"  # null: ONNX Runtime's own defaults
 
 
 def test_modelopt_steps_are_left_to_modelopt():
     choice = presets.choose(host=EPYC_VNNI)
-    options = QuantizeOptions.model_validate({"mode": "static", "backend": "modelopt"},
+    options = quantize_options({"mode": "static", "backend": "modelopt"},
                                              context={"preset_choice": choice})
     assert options.preset is None and options.activation_type == "int8"
 

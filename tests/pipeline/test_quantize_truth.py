@@ -132,7 +132,7 @@ def test_every_op_type_excluded_fails_the_build_with_what_to_do(tmp_path):
 def test_modelopt_that_quantized_nothing_fails_its_build_too(tmp_path):
     pytest.importorskip("modelopt.onnx.quantization", reason="backend: modelopt is an optional extra")
     from temper.artifacts.errors import StepFailed
-    from temper.pipeline.step_options import QuantizeOptions
+    from temper.pipeline.quantize_backends import ModelOptOptions
     from temper.pipeline.steps.base import StepContext
     from temper.pipeline.steps.quantize import Quantize
 
@@ -141,7 +141,7 @@ def test_modelopt_that_quantized_nothing_fails_its_build_too(tmp_path):
     (tmp_path / "scratch").mkdir()
     ctx = StepContext([], lambda: batches, lambda: batches[0], tmp_path / "scratch")
     with pytest.raises(StepFailed, match=r"^quantize wrote no quantized node \(0 of 4 eligible; 4 are inside"):
-        Quantize().run(src, tmp_path / "q.onnx", QuantizeOptions(mode="static", backend="modelopt", preset=None), ctx)
+        Quantize().run(src, tmp_path / "q.onnx", ModelOptOptions(mode="static", backend="modelopt", preset=None), ctx)
 
 
 # -- the fallback's floor, on digits -------------------------------------------------------------------

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from temper.pipeline.step_options import QuantizeOptions
+from temper.pipeline.quantize_backends import OrtOptions
 from tests.conftest import REPO, edit_recipe
 from tests.unit.reports import read_report
 
@@ -86,9 +86,9 @@ def test_require_with_the_search_name_passes_when_one_combination_passes(temper,
 
 
 def test_a_preset_fills_only_what_the_step_leaves_unset():
-    options = QuantizeOptions(mode="static", preset="avx2", per_channel=False)
+    options = OrtOptions(mode="static", preset="avx2", per_channel=False)
     assert (options.activation_type, options.weight_type, options.per_channel) == ("uint8", "uint8", False)
-    dynamic = QuantizeOptions(mode="dynamic", preset="arm64")  # static-only settings are not applied
+    dynamic = OrtOptions(mode="dynamic", preset="arm64")  # static-only settings are not applied
     assert (dynamic.weight_type, dynamic.per_channel, dynamic.activation_type) == ("int8", True, "int8")
     assert "activation_type" not in dynamic.model_fields_set
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from temper.artifacts.errors import StepFailed
-from temper.pipeline.step_options import QuantizeOptions
+from temper.pipeline.quantize_backends import OrtOptions, quantize_options
 from temper.pipeline.steps.quantize import fallback
 from temper.pipeline.steps.quantize.sensitivity import NodeSensitivity
 from temper.validators.scoring import Score
@@ -57,7 +57,7 @@ def _search(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ranking: list[str],
     monkeypatch.setattr(fallback.quantize_static, "unbinnable", lambda prepared, method: None)  # no ranges here
     # the census of the fake graph: 100 quantized compute nodes, each float node one fewer (floor: 50)
     monkeypatch.setattr(fallback, "count_quantized", lambda path: QUANTIZED - len(_float_nodes(path)))
-    options = QuantizeOptions.model_validate(
+    options = quantize_options(
         {"mode": "static", "preset": None, "fallback": {"max_trials": max_trials, "refine": refine}})
     dst = tmp_path / "out" / "model.onnx"
     dst.parent.mkdir()
@@ -137,7 +137,7 @@ def test_among_passing_trials_the_most_quantized_then_the_most_faithful_then_the
         return fallback.Trial("cumulative", nodes, 0.9, drop, cosine, speed, passed,
                               QUANTIZED - len(nodes) if quantized is None else quantized)
 
-    options = QuantizeOptions.model_validate({"mode": "static", "preset": None, "fallback": {}})
+    options = quantize_options({"mode": "static", "preset": None, "fallback": {}})
     tuner = fallback._Tuner(None, options, [], DataScorer({}), Path("unused"))  # type: ignore[arg-type]
     tuner.trials = [trial(["a", "b", "c"], True, 90.0), trial(["a", "b"], True, 10.0), trial(["c", "d"], True, 20.0),
                     trial(["e"], False, 99.0), trial(["f", "g"], True, None)]
@@ -197,7 +197,7 @@ def test_first_samples_takes_leading_batches_until_enough():
 def test_a_configuration_that_does_not_calibrate_is_skipped_and_the_node_search_goes_on(monkeypatch, tmp_path):
     """MiniLM's percentile calibration refuses the attention mask's -inf ("supplied range of [-inf, inf] is
     not finite"): that configuration is recorded as skipped, not a build error, and the nodes are searched."""
-    def prepare(options: QuantizeOptions) -> tuple[Any, list[str]]:
+    def prepare(options: OrtOptions) -> tuple[Any, list[str]]:
         if options.calibration == "percentile":
             raise StepFailed("quantize: calibration failed: ValueError: supplied range of [-inf, inf] is not finite")
         return None, []

@@ -42,9 +42,11 @@ from temper.artifacts.integrity import content_digests
 from temper.artifacts.layout import AXIS0, Layout
 from temper.artifacts.onnx_io import Batch
 from temper.pipeline.cache import TUNING_FILE
-from temper.pipeline.step_options import FallbackOptions, QuantizeOptions
+from temper.pipeline.quantize_backends import quantize_static
+from temper.pipeline.quantize_backends.ort import OrtOptions
+from temper.pipeline.step_options import FallbackOptions
 from temper.pipeline.steps.base import Scorer
-from temper.pipeline.steps.quantize import census_check, quantize_static, sensitivity
+from temper.pipeline.steps.quantize import census_check, sensitivity
 from temper.validators.census import of_file
 
 
@@ -66,15 +68,15 @@ class Setup:
     """One configuration the trials quantize with: its calibrated model, options and recipe float nodes."""
 
     prepared: quantize_static.Prepared
-    options: QuantizeOptions
+    options: OrtOptions
     keep_float: list[str]
 
 
 # Given the step's options changed by a configuration, the calibrated model for it (a new calibration).
-Prepare = Callable[[QuantizeOptions], tuple[quantize_static.Prepared, list[str]]]
+Prepare = Callable[[OrtOptions], tuple[quantize_static.Prepared, list[str]]]
 
 
-def tune(prepared: quantize_static.Prepared, dst: Path, options: QuantizeOptions, keep_float: list[str],
+def tune(prepared: quantize_static.Prepared, dst: Path, options: OrtOptions, keep_float: list[str],
          feeds: list[Batch], scorer: Scorer, scratch: Path, progress: Callable[[str], None] = lambda _: None,
          prepare: Prepare | None = None, layout: Layout = AXIS0) -> None:
     """Write the best model found to `dst` and its record to `dst.parent / tuning.json`. With `prepare`
@@ -111,7 +113,7 @@ def tune(prepared: quantize_static.Prepared, dst: Path, options: QuantizeOptions
     (dst.parent / TUNING_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
-def alternatives(options: QuantizeOptions) -> list[dict[str, Any]]:
+def alternatives(options: OrtOptions) -> list[dict[str, Any]]:
     """The configuration changes to try, in order, each on top of the best so far: the fixes that took a
     real OCR model from cosine 0.50 to 0.95 with no node in float, where the SQNR suspects moved it 0.0001."""
     changes: list[dict[str, Any]] = []
@@ -151,7 +153,7 @@ def count_quantized(path: Path) -> int:
 
 
 class _Tuner:
-    def __init__(self, prepared: quantize_static.Prepared, options: QuantizeOptions, keep_float: list[str],
+    def __init__(self, prepared: quantize_static.Prepared, options: OrtOptions, keep_float: list[str],
                  scorer: Scorer, path: Path, progress: Callable[[str], None] = lambda _: None) -> None:
         self.prepared, self.options, self.keep_float = prepared, options, keep_float
         self.scorer, self.path, self.progress = scorer, path, progress

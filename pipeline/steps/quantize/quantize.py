@@ -1,4 +1,5 @@
-"""The quantize step: INT8 with ONNX Runtime (dynamic or static), NVIDIA ModelOpt or Intel NNCF (static).
+"""The quantize step: INT8 by one of the backends registered in pipeline/quantize_backends/ (ONNX Runtime's
+quantizer, NVIDIA ModelOpt, Intel NNCF), each called through the one `Backend` protocol.
 
 Library failures become one StepFailed line; our own errors (bad data, bad options, a
 missing backend) pass through untouched so they keep their exit codes.
@@ -19,101 +20,79 @@ from temper.artifacts import onnx_io
 from temper.artifacts.errors import OptionError, StepFailed, TemperError, first_line
 from temper.artifacts.layout import AXIS0, Layout
 from temper.artifacts.onnx_io import Batch
-from temper.pipeline.step_options import NNCF_ONLY, NNCF_PRESETS, QuantizeOptions
-from temper.pipeline.steps.base import Step, StepContext, require_known
-from temper.pipeline.steps.quantize import (
-    census_check,
-    fallback,
-    preprocess,
-    quantize_dynamic,
-    quantize_modelopt,
-    quantize_nncf,
+from temper.pipeline.quantize_backends import (
+    BACKENDS,
+    Job,
+    OrtOptions,
+    QuantizeCommon,
+    QuantizeOptions,
+    ort,
     quantize_static,
 )
+from temper.pipeline.steps.base import Step, StepContext, require_known
+from temper.pipeline.steps.quantize import census_check, fallback
 
-BACKENDS = {"ort": "ONNX Runtime's quantizer", "modelopt": "ModelOpt", "nncf": "NNCF"}
+
+def _searchable() -> tuple[str, ...]:
+    """Every backend's searchable options (each key once, in the registry's order)."""
+    return tuple(dict.fromkeys(key for backend in BACKENDS.values() for key in backend.options.searchable))
 
 
-class Quantize(Step[QuantizeOptions]):
+class Quantize(Step[QuantizeCommon]):
     """INT8 quantization; static modes calibrate on the recipe's calibration set."""
 
     name: ClassVar[str] = "quantize"
     options_model = QuantizeOptions
-    searchable = ("preset", "format", "per_channel", "reduce_range", "calibration", "activation_type", "weight_type",
-                  "symmetric_activations", "symmetric_weights", *NNCF_ONLY)
+    searchable = _searchable()
     budget_option = "fallback"
 
-    def uses_calibration(self, options: QuantizeOptions) -> bool:
+    def uses_calibration(self, options: QuantizeCommon) -> bool:
         return options.mode == "static"
 
-    def precision(self, options: QuantizeOptions) -> str:
+    def uses_evaluation(self, options: QuantizeCommon) -> bool:
+        return getattr(options, "fallback", None) is not None
+
+    def precision(self, options: QuantizeCommon) -> str:
         return f"int8-{options.mode}"
 
-    def validate(self, model: onnx.ModelProto, options: QuantizeOptions) -> None:
+    def validate(self, model: onnx.ModelProto, options: QuantizeCommon) -> None:
         nodes = [node.name for node in model.graph.node if node.name]
         require_known("exclude_nodes", "node", options.exclude_nodes, nodes)
         op_types = sorted({node.op_type for node in model.graph.node})
         require_known("exclude_op_types", "op type", options.exclude_op_types, op_types)
-        if options.backend == "nncf":
-            quantize_nncf.validate(options)
-            return
-        misplaced = [key for key in NNCF_ONLY if getattr(options, key) is not None]
-        if misplaced:
-            raise OptionError(misplaced[0], "an option of NNCF's quantizer: it needs backend: nncf")
-        if options.preset in NNCF_PRESETS:
-            raise OptionError("preset", f"{options.preset} is NNCF's preset: it needs backend: nncf")
-        if options.backend == "modelopt":
-            quantize_modelopt.validate(options)
-        elif options.mode == "static":
-            quantize_static.validate(options)
+        BACKENDS[options.backend].validate(options)
 
-    def run(self, src: Path, dst: Path, options: QuantizeOptions, ctx: StepContext) -> None:
+    def run(self, src: Path, dst: Path, options: QuantizeCommon, ctx: StepContext) -> None:
+        backend = BACKENDS[options.backend]
+        backend.require()  # before loading data: a missing backend should fail fast
         structure = onnx_io.load_structure(src)
-        large = needs_external_data(structure)
-        typed = _nodes_of_types(structure, options.exclude_op_types)
-        if options.mode == "dynamic":
-            _library("ONNX Runtime dynamic quantization",
-                     lambda: quantize_dynamic.quantize(src, dst, options, typed, ctx.scratch, large))
-        elif options.backend == "ort":
-            feeds = calibration_feeds(structure, ctx.calibration(), ctx.layout)
-
-            def prepare(chosen: QuantizeOptions, scratch: Path = ctx.scratch) -> tuple[quantize_static.Prepared,
-                                                                                      list[str]]:
-                scratch.mkdir(exist_ok=True)
-                prepared = quantize_static.prepare(src, chosen, feeds, scratch, large, ctx.ranges)
-                return prepared, preprocess.follow_fusions(prepared.structure, chosen.exclude_nodes, typed)
-
-            def configured(chosen: QuantizeOptions) -> tuple[quantize_static.Prepared, list[str]]:
-                """Another configuration's calibration, in a folder of its own (the first one's files stay)."""
-                return prepare(chosen, ctx.scratch / f"config-{chosen.per_channel}-{chosen.calibration}")
-
-            def static() -> None:
-                prepared, keep_float = prepare(options)
-                if options.fallback is None:
-                    quantize_static.write(prepared, dst, options, keep_float)
-                else:
-                    fallback.tune(prepared, dst, options, keep_float, feeds, ctx.scorer(), ctx.scratch, ctx.progress,
-                                  configured, ctx.layout)
-
-            _library("ONNX Runtime static quantization", static)
-        elif options.backend == "modelopt":
-            quantize_modelopt.require()  # before loading data: a missing backend should fail fast
-            feeds = calibration_feeds(structure, ctx.calibration(), ctx.layout)
-            _library(
-                "ModelOpt quantization",
-                lambda: quantize_modelopt.quantize(src, dst, options, feeds, ctx.scratch, large, ctx.layout),
-            )
+        job = Job(src, dst, structure, needs_external_data(structure), ctx.scratch, ctx.layout,
+                  lambda layout: calibration_feeds(structure, ctx.calibration(), layout),
+                  _nodes_of_types(structure, options.exclude_op_types), ctx.ranges)
+        if isinstance(options, OrtOptions) and options.fallback is not None:
+            _library(backend.stage(options), lambda: _tune(job, options, ctx))
         else:
-            quantize_nncf.require()
-            feeds = calibration_feeds(structure, ctx.calibration())
-            _library("NNCF quantization", lambda: quantize_nncf.quantize(src, dst, options, feeds, large))
-        census_check.require_quantized(dst, BACKENDS[options.backend])
+            _library(backend.stage(options), lambda: backend.quantize(job, options))
+        census_check.require_quantized(dst, backend.label)
         _check_runs(dst, ctx.sample(), ctx.layout)
 
 
-def rankable(options: QuantizeOptions) -> bool:
+def _tune(job: Job, options: OrtOptions, ctx: StepContext) -> None:
+    """ONNX Runtime's static INT8 tuned by the fallback's trials (pipeline/steps/quantize/fallback.py)."""
+    feeds = job.feeds(job.layout)
+    prepared, keep_float = ort.prepare(job, options, feeds)
+
+    def configured(chosen: OrtOptions) -> tuple[quantize_static.Prepared, list[str]]:
+        """Another configuration's calibration, in a folder of its own (the first one's files stay)."""
+        return ort.prepare(job, chosen, feeds, f"config-{chosen.per_channel}-{chosen.calibration}")
+
+    fallback.tune(prepared, job.dst, options, keep_float, feeds, ctx.scorer(), ctx.scratch, ctx.progress,
+                  configured, ctx.layout)
+
+
+def rankable(options: object) -> bool:
     """The SQNR ranking (`temper sensitivity`, the fallback) measures ONNX Runtime's static INT8."""
-    return options.mode == "static" and options.backend == "ort"
+    return isinstance(options, OrtOptions) and options.mode == "static"
 
 
 def calibration_feeds(model: onnx.ModelProto, batches: list[Batch], layout: Layout = AXIS0) -> list[Batch]:

@@ -28,8 +28,8 @@ import onnx
 from onnxruntime.quantization import qdq_loss_debug as debug
 
 from temper.artifacts.onnx_io import Batch
-from temper.pipeline.step_options import QuantizeOptions
-from temper.pipeline.steps.quantize import quantize_static
+from temper.pipeline.quantize_backends import quantize_static
+from temper.pipeline.quantize_backends.ort import OrtOptions
 from temper.pipeline.steps.tensor_probe import Probe, named_dims, saved_tensors
 
 # PyTorch names repeated modules `layer.3`, `blocks.2`: the block is the path up to that index.
@@ -53,7 +53,7 @@ class NodeSensitivity:
         return asdict(self)
 
 
-def rank(prepared: quantize_static.Prepared, options: QuantizeOptions, feeds: list[Batch],
+def rank(prepared: quantize_static.Prepared, options: OrtOptions, feeds: list[Batch],
          scratch: Path, *, progress: Callable[[str], None] | None = None,
          chunk_bytes: int = CHUNK_BYTES) -> list[NodeSensitivity]:
     """The quantized nodes of `prepared.model`, most harmful first. `progress` hears how many

@@ -12,8 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from temper.artifacts import onnx_io
 from temper.artifacts.onnx_io import Batch
+from temper.pipeline.quantize_backends import quantize_options
 from temper.pipeline.recipe import InputSpec
-from temper.pipeline.step_options import QuantizeOptions
 from temper.pipeline.steps.base import StepContext
 from temper.pipeline.steps.quantize import Quantize
 
@@ -156,7 +156,7 @@ def context(tmp_path: Path, calibration: list[Batch], sample: Batch | None = Non
 
 def quantize(src: Path, tmp_path: Path, ctx: StepContext | None = None, name: str = "q", **options) -> onnx.ModelProto:
     """Validate and run the step as the runner does; return the quantized model."""
-    opts = QuantizeOptions(**options)
+    opts = quantize_options(options)
     STEP.validate(onnx_io.load_structure(src), opts)
     dst = tmp_path / f"{name}.onnx"
     STEP.run(src, dst, opts, ctx or context(tmp_path, [images(seed) for seed in range(4)]))

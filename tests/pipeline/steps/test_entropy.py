@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 from onnxruntime.quantization.calibrate import CalibrationDataReader, CalibrationMethod, create_calibrator
 
-from temper.pipeline.step_options import QuantizeOptions
-from temper.pipeline.steps.quantize import entropy, quantize_static
+from temper.pipeline.quantize_backends import OrtOptions, entropy, quantize_static
 from tests.pipeline.steps.quantize_models import conv_net, heavy_tailed, images
 
 
@@ -40,7 +39,7 @@ def test_each_threshold_equals_the_librarys(tmp_path, num_bins, symmetric):
 
 def test_the_ranges_file_is_the_one_the_library_writes(tmp_path, monkeypatch):
     feeds = [heavy_tailed(seed, rows=8) for seed in range(3)]
-    options = QuantizeOptions(mode="static", calibration="entropy", preprocess=False, num_bins=512)
+    options = OrtOptions(mode="static", calibration="entropy", preprocess=False, num_bins=512)
     model = conv_net(tmp_path / "net.onnx")
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     ours = quantize_static.prepare(model, options, feeds, tmp_path / "a", False).ranges.read_text()

@@ -13,7 +13,7 @@ from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, Q
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import OptionError, RecipeError, StepFailed
 from temper.artifacts.onnx_io import Batch
-from temper.pipeline.step_options import QuantizeOptions
+from temper.pipeline.quantize_backends import OrtOptions, quantize_options
 from temper.pipeline.steps.base import StepContext
 from tests.pipeline.steps.quantize_models import (
     FLOAT_OPS,
@@ -189,19 +189,19 @@ def test_dynamic_excluded_gemm_stays_float(tmp_path: Path) -> None:
 def test_unknown_node_name_is_an_option_error_with_the_closest_name(tmp_path: Path) -> None:
     model = onnx_io.load_structure(conv_net(tmp_path / "net.onnx"))
     with pytest.raises(OptionError) as err:
-        STEP.validate(model, QuantizeOptions(mode="static", exclude_nodes=["conv1", "conv_2"]))
+        STEP.validate(model, OrtOptions(mode="static", exclude_nodes=["conv1", "conv_2"]))
     assert err.value.key == "exclude_nodes[1]"
     assert "'conv_2' is not in the graph" in err.value.message and "closest: conv2" in err.value.message
 
     with pytest.raises(OptionError) as err:
-        STEP.validate(model, QuantizeOptions(mode="static", exclude_nodes=["zzz"]))
+        STEP.validate(model, OrtOptions(mode="static", exclude_nodes=["zzz"]))
     assert "it has: conv1, relu1" in err.value.message
 
 
 def test_unknown_op_type_is_an_option_error(tmp_path: Path) -> None:
     model = onnx_io.load_structure(conv_net(tmp_path / "net.onnx"))
     with pytest.raises(OptionError) as err:
-        STEP.validate(model, QuantizeOptions(mode="dynamic", exclude_op_types=["Convv"]))
+        STEP.validate(model, OrtOptions(mode="dynamic", exclude_op_types=["Convv"]))
     assert err.value.key == "exclude_op_types[0]" and "closest: Conv" in err.value.message
 
 
@@ -219,7 +219,7 @@ def test_unknown_op_type_is_an_option_error(tmp_path: Path) -> None:
 def test_options_the_backend_cannot_honour_are_refused(tmp_path: Path, options: dict, key: str) -> None:
     model = onnx_io.load_structure(conv_net(tmp_path / "net.onnx"))
     with pytest.raises(OptionError) as err:
-        STEP.validate(model, QuantizeOptions(**options))
+        STEP.validate(model, quantize_options(options))
     assert err.value.key == key
 
 
@@ -271,7 +271,7 @@ def test_calibration_errors_propagate(tmp_path: Path) -> None:
     src = conv_net(tmp_path / "net.onnx")
     ctx = StepContext(inputs=[], calibration=no_data, sample=lambda: images(0), scratch=tmp_path)
     with pytest.raises(RecipeError, match="no calibration data"):
-        STEP.run(src, tmp_path / "q.onnx", QuantizeOptions(mode="static"), ctx)
+        STEP.run(src, tmp_path / "q.onnx", OrtOptions(mode="static"), ctx)
 
 
 # failures
@@ -304,7 +304,7 @@ def test_a_range_histograms_cannot_bin_is_found_from_the_minmax_ranges_before_ca
     """The fallback's percentile configuration is skipped from the MinMax ranges it has (quantize_static.
     unbinnable) instead of holding a whole batch of activations only for ORT's histogram to refuse the
     range: the two agree, on a tensor holding -inf (an attention mask's) and on one without."""
-    from temper.pipeline.steps.quantize import quantize_static
+    from temper.pipeline.quantize_backends import quantize_static
 
     src = conv_net(tmp_path / "net.onnx")
     finite = images(0)
@@ -313,10 +313,10 @@ def test_a_range_histograms_cannot_bin_is_found_from_the_minmax_ranges_before_ca
     for name, batch, refused in (("finite", finite, False), ("masked", masked, True)):
         scratch = tmp_path / name
         scratch.mkdir()
-        minmax = quantize_static.prepare(src, QuantizeOptions(mode="static", preset=None), [batch], scratch, False)
+        minmax = quantize_static.prepare(src, OrtOptions(mode="static", preset=None), [batch], scratch, False)
         why = quantize_static.unbinnable(minmax, "percentile")
         (scratch / "p").mkdir()
-        percentile = QuantizeOptions(mode="static", preset=None, calibration="percentile")
+        percentile = OrtOptions(mode="static", preset=None, calibration="percentile")
         if refused:
             assert why is not None and "tensor '" in why and "not finite" in why, why
             with pytest.raises(StepFailed, match="not finite"):

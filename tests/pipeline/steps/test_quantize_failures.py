@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import StepFailed
-from temper.pipeline.step_options import QuantizeOptions
+from temper.pipeline.quantize_backends import OrtOptions
 from temper.validators.census import census
 from tests.pipeline.steps.quantize_models import (
     constant_weight_conv,
@@ -66,15 +66,22 @@ def test_the_dynamic_path_pre_processes_so_a_weight_a_constant_node_makes_quanti
 
 
 def test_preprocess_is_for_onnx_runtime_only():
-    with pytest.raises(ValidationError, match="'preprocess': ModelOpt prepares the graph itself"):
-        QuantizeOptions(mode="static", backend="modelopt", preprocess=False)
-    assert QuantizeOptions(mode="dynamic", preprocess=False).preprocess is False
+    """ModelOpt's options model has no `preprocess` (pydantic refuses the key); the loader words it at the key."""
+    from temper.pipeline.loading import describe
+    from temper.pipeline.recipe import StepSpec
+
+    data = {"quantize": {"mode": "static", "backend": "modelopt", "preprocess": False}}
+    with pytest.raises(ValidationError) as err:
+        StepSpec.model_validate(data)
+    key, message = describe(err.value.errors()[0], data)
+    assert key == "quantize.preprocess" and message.startswith("ModelOpt prepares the graph itself")
+    assert OrtOptions(mode="dynamic", preprocess=False).preprocess is False
 
 
 def test_the_node_to_keep_float_is_named_as_the_step_s_input_graph_has_it():
     from onnx import helper
 
-    from temper.pipeline.steps.quantize.failures import user_name
+    from temper.pipeline.quantize_backends.failures import user_name
 
     fused = helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fc/MatMulAddFusion")  # quant_pre_process's rename
     assert user_name(fused) == "fc"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from temper.artifacts.errors import EnvironmentProblem
-from temper.pipeline.steps.quantize import quantize_modelopt
+from temper.pipeline.quantize_backends import modelopt as quantize_modelopt
 from tests.pipeline.steps.quantize_models import (
     activation_scales,
     conv_net,

@@ -14,7 +14,7 @@ import onnx
 import pytest
 
 from temper.artifacts.errors import EnvironmentProblem
-from temper.pipeline.steps.quantize import quantize_nncf
+from temper.pipeline.quantize_backends import nncf as quantize_nncf
 from temper.validators.census import census
 from tests.conftest import edit_recipe
 from tests.pipeline.steps.quantize_models import (
@@ -54,7 +54,7 @@ pytestmark = pytest.mark.skipif(not _nncf_imports(), reason="Intel NNCF is not i
 def test_nncf_is_imported_with_its_telemetry_off(tmp_path: Path) -> None:
     """Outside pytest (which nncf itself detects) a plain `import nncf` writes ~/intel/openvino_ga_cid and
     reports each quantize call; temper's import loads no telemetry and writes no client id."""
-    code = ("import sys; from temper.pipeline.steps.quantize import quantize_nncf; quantize_nncf.require(); "
+    code = ("import sys; from temper.pipeline.quantize_backends import nncf; nncf.require(); "
             "from nncf.telemetry import wrapper; "
             "print(type(wrapper.telemetry).__name__, 'openvino_telemetry' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "NNCF_CI", "NNCF_DEV")}  # each turns it off too
@@ -186,8 +186,8 @@ STEP = "candidates.int8-nncf.steps[0].quantize"
     ({"preset": "avx2"}, "preset", "backend: nncf takes NNCF's presets, performance or mixed"),
     ({"smooth_quant_alpha": 0.5}, "smooth_quant_alpha", "only with model_type: transformer"),
     ({"model_type": "transformer", "smooth_quant_alpha": -1}, "smooth_quant_alpha", "or false to turn SmoothQuant"),
-    ({"fallback": {}}, "", "it needs backend: ort"),
-    ({"format": "qoperator"}, "", "backend: nncf writes QDQ graphs only"),
+    ({"fallback": {}}, "fallback", "it needs backend: ort"),
+    ({"format": "qoperator"}, "format", "backend: nncf writes QDQ graphs only"),
     ({"backend": "ort", "model_type": "transformer"}, "model_type", "it needs backend: nncf"),
     ({"backend": "ort", "preset": "mixed"}, "preset", "mixed is NNCF's preset: it needs backend: nncf"),
 ])

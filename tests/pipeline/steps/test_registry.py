@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from temper.pipeline import search, step_options
+from temper.pipeline import quantize_backends, search, step_options
 from temper.pipeline.recipe import Recipe, StepSpec
 from temper.pipeline.schema import recipe_schema
 from temper.pipeline.steps import (
@@ -35,12 +35,16 @@ def _spec(step: str | dict) -> StepSpec:
 
 
 def test_every_registered_step_is_a_recipe_step_with_its_own_options_model():
+    """A step's options are one model, or (quantize) a tagged union of its backends' models: each lives in a
+    recipe-contract module (pipeline/step_options.py, pipeline/quantize_backends/)."""
     assert set(STEPS) == set(StepSpec.model_fields)
     for name, step in STEPS.items():
         assert isinstance(step, Step) and step.name == name
-        assert issubclass(step.options_model, BaseModel)
+        assert step.option_models() and all(issubclass(m, BaseModel) for m in step.option_models())
         assert StepSpec.model_fields[name].annotation == step.options_model | None, name
-        assert getattr(step_options, step.options_model.__name__) is step.options_model  # the core-contract module
+        for model in step.option_models():  # the core-contract modules
+            home = step_options if model.__module__ == step_options.__name__ else quantize_backends
+            assert getattr(home, model.__name__) is model, model
 
 
 def test_the_schema_temper_prints_has_every_steps_options():
@@ -48,27 +52,30 @@ def test_the_schema_temper_prints_has_every_steps_options():
     defs, kinds = schema["$defs"], schema["$defs"]["StepSpec"]["anyOf"]
     assert sorted(kinds[0]["enum"]) == sorted(STEPS)
     for name, step in STEPS.items():
-        assert set(defs[step.options_model.__name__]["properties"]) == set(step.options_model.model_fields), name
+        for model in step.option_models():
+            assert set(defs[model.__name__]["properties"]) == set(model.model_fields), name
 
 
 def test_searchable_keys_are_scalar_fields_of_their_options_model():
     assert search.SEARCHABLE == searchable() and search.SEARCHABLE  # derived, and something is searchable
-    assert search.OPTION_MODELS == {name: STEPS[name].options_model for name in search.SEARCHABLE}
-    properties = {name: recipe_schema()["$defs"][step.options_model.__name__]["properties"]
-                  for name, step in STEPS.items()}
+    assert search.OPTION_MODELS == {name: STEPS[name].option_models() for name in search.SEARCHABLE}
+    defs = recipe_schema()["$defs"]
     for name, step in STEPS.items():
         assert len(set(step.searchable)) == len(step.searchable), name
         for key in step.searchable:
-            assert key in step.options_model.model_fields, f"{name}.{key}"
-            annotation = str(step.options_model.model_fields[key].annotation)
-            assert "list" not in annotation and "dict" not in annotation, f"{name}.{key} is not a scalar"
-            assert "array" in str(properties[name][key]), f"temper schema does not offer a list for {name}.{key}"
+            holders = [m for m in step.option_models() if key in m.model_fields]
+            assert holders, f"{name}.{key}"
+            for model in holders:
+                annotation = str(model.model_fields[key].annotation)
+                assert "list" not in annotation and "dict" not in annotation, f"{name}.{key} is not a scalar"
+                assert "array" in str(defs[model.__name__]["properties"][key]), \
+                    f"temper schema does not offer a list for {name}.{key} ({model.__name__})"
 
 
 def test_a_budget_option_is_a_field_and_decides_uses_evaluation():
     for name, step in STEPS.items():
         if step.budget_option is not None:
-            assert step.budget_option in step.options_model.model_fields, name
+            assert any(step.budget_option in m.model_fields for m in step.option_models()), name
     assert uses_evaluation([_spec({"quantize": {"mode": "static", "fallback": {}}})])
     assert not uses_evaluation([_spec({"quantize": {"mode": "static"}}), _spec("fp16")])
 

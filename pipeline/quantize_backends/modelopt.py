@@ -10,31 +10,64 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import onnx
+from pydantic import Field, field_validator, model_validator
 
 from temper.artifacts import onnx_io
 from temper.artifacts.errors import EnvironmentProblem, OptionError, StepFailed
 from temper.artifacts.layout import AXIS0, Layout
 from temper.artifacts.onnx_io import Batch
-from temper.pipeline.step_options import QuantizeOptions
+from temper.pipeline import presets
+from temper.pipeline.quantize_backends.base import Job, QuantizeCommon, library_missing
 
 METHODS = {"minmax": "max", "entropy": "entropy"}
+
+
+class ModelOptOptions(QuantizeCommon):
+    """Static INT8 with NVIDIA ModelOpt: signed int8, weights per channel, Q/DQ placed by TensorRT's rules."""
+
+    backend: Literal["modelopt"]
+    preset: Literal[(presets.AUTO, *presets.PRESETS)] | None = Field(  # type: ignore[valid-type]
+        None, description="none: ModelOpt places and types its Q/DQ itself (auto is dropped)")
+    format: Literal["qdq"] = "qdq"
+    per_channel: bool = True
+    reduce_range: bool = False
+    calibration: Literal["minmax", "entropy", "percentile"] = "minmax"
+    activation_type: Literal["int8", "uint8"] = "int8"
+    weight_type: Literal["int8", "uint8"] = "int8"
+
+    instead: ClassVar[dict[str, str]] = {
+        "preprocess": "ModelOpt prepares the graph itself; it is for backend: ort only",
+        "num_bins": "backend: modelopt chooses its own histogram; remove this option",
+        "percentile": "backend: modelopt chooses its own histogram; remove this option",
+        "fallback": "fallback tunes ONNX Runtime's quantizer: it needs backend: ort",
+    }
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _qdq(cls, value: Any) -> Any:
+        if value != "qdq":
+            raise ValueError("backend: modelopt writes QDQ graphs only (format: qdq)")
+        return value
+
+    @model_validator(mode="after")
+    def _static(self) -> ModelOptOptions:
+        self.only_static()
+        return self
 
 
 def require() -> ModuleType:
     try:
         import modelopt.onnx.quantization as moq
     except ImportError as err:
-        cause = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise EnvironmentProblem(
-            f"quantize backend 'modelopt' needs NVIDIA ModelOpt: pip install 'temper-ml[modelopt]' ({cause})"
-        ) from err
+        raise EnvironmentProblem(library_missing("modelopt", "NVIDIA ModelOpt", "modelopt", err)) from err
     return moq
 
 
-def validate(options: QuantizeOptions) -> None:
+def validate(options: ModelOptOptions) -> None:
     """ModelOpt's INT8 recipe is fixed (signed int8, weights per channel): refuse options it would ignore.
     A named preset first: it fills ONNX Runtime's settings (uint8 activations...), which would otherwise
     be blamed on keys the user never wrote."""
@@ -54,12 +87,31 @@ def validate(options: QuantizeOptions) -> None:
         raise OptionError("reduce_range", "backend: modelopt has no reduced-range mode")
     if "per_channel" in options.model_fields_set and not options.per_channel:
         raise OptionError("per_channel", "backend: modelopt always quantizes weights per channel")
-    ignored = sorted({"num_bins", "percentile"} & options.model_fields_set)
-    if ignored:
-        raise OptionError(ignored[0], "backend: modelopt chooses its own histogram; remove this option")
 
 
-def quantize(src: Path, dst: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Path, large: bool,
+class ModelOpt:
+    name = "modelopt"
+    label = "ModelOpt"
+    options = ModelOptOptions
+    libraries = ("nvidia-modelopt",)
+
+    def require(self) -> ModuleType:
+        return require()
+
+    def validate(self, options: ModelOptOptions) -> None:
+        validate(options)
+
+    def stage(self, options: ModelOptOptions) -> str:
+        return "ModelOpt quantization"
+
+    def quantize(self, job: Job, options: ModelOptOptions) -> None:
+        quantize(job.src, job.dst, options, job.feeds(job.layout), job.scratch, job.large, job.layout)
+
+
+MODELOPT = ModelOpt()
+
+
+def quantize(src: Path, dst: Path, options: ModelOptOptions, feeds: list[Batch], scratch: Path, large: bool,
              layout: Layout = AXIS0) -> None:
     moved = [name for name, axis in layout.inputs.items() if axis != 0]
     if moved:  # it concatenates and steps through calibration data on axis 0
@@ -75,7 +127,7 @@ def quantize(src: Path, dst: Path, options: QuantizeOptions, feeds: list[Batch],
         _modelopt_quantize(moq, local, dst, options, stacked, shapes, large)
 
 
-def _modelopt_quantize(moq: ModuleType, src: Path, dst: Path, options: QuantizeOptions,
+def _modelopt_quantize(moq: ModuleType, src: Path, dst: Path, options: ModelOptOptions,
                        stacked: dict[str, np.ndarray], shapes: str, large: bool) -> None:
     moq.quantize(
         str(src),

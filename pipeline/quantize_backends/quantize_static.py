@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import onnx
@@ -34,8 +34,10 @@ from temper.artifacts.errors import OptionError, StepFailed, first_line
 from temper.artifacts.host import profile
 from temper.artifacts.integrity import content_digests
 from temper.artifacts.onnx_io import Batch
-from temper.pipeline.step_options import QuantizeOptions
-from temper.pipeline.steps.quantize import entropy, failures, preprocess
+from temper.pipeline.quantize_backends import entropy, failures, preprocess
+
+if TYPE_CHECKING:
+    from temper.pipeline.quantize_backends.ort import OrtOptions
 
 METHODS = {
     "minmax": CalibrationMethod.MinMax,
@@ -47,7 +49,7 @@ FORMATS = {"qdq": QuantFormat.QDQ, "qoperator": QuantFormat.QOperator}
 ENTROPY_QUANTIZED_BINS = 128  # create_calibrator's default num_quantized_bins
 
 
-def validate(options: QuantizeOptions) -> None:
+def validate(options: OrtOptions) -> None:
     """Refuse combinations the library would reject late or quietly degrade."""
     if options.activation_type == "int8" and options.weight_type == "uint8":
         raise OptionError(
@@ -93,7 +95,7 @@ class KeptRanges(Protocol):
     def put(self, parts: dict[str, Any], ranges: Path) -> None: ...
 
 
-def prepare(src: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Path, large: bool,
+def prepare(src: Path, options: OrtOptions, feeds: list[Batch], scratch: Path, large: bool,
             kept: KeptRanges | None = None) -> Prepared:
     """The model the quantizer reads and its calibrated ranges. With `kept`, ranges calibrated before
     from the same model bytes, calibration options, data and host are read back instead."""
@@ -110,7 +112,7 @@ def prepare(src: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Pa
     return Prepared(model, ranges, large)
 
 
-def _calibrated_from(model: Path, options: QuantizeOptions, feeds: list[Batch]) -> dict[str, Any]:
+def _calibrated_from(model: Path, options: OrtOptions, feeds: list[Batch]) -> dict[str, Any]:
     """What a calibration depends on: the model's bytes, the calibration options (weight settings such
     as per_channel never enter it), the data and how it is split into calls, and the host's kernels."""
     return {"model": content_digests(model, onnx_io.load_structure(model)), "method": options.calibration,
@@ -120,7 +122,7 @@ def _calibrated_from(model: Path, options: QuantizeOptions, feeds: list[Batch]) 
             "host": profile().kernels()}
 
 
-def _calibrate(model: Path, options: QuantizeOptions, feeds: list[Batch], scratch: Path, large: bool,
+def _calibrate(model: Path, options: OrtOptions, feeds: list[Batch], scratch: Path, large: bool,
                ranges: Path) -> None:
     with failures.stage("calibration", failures.keep_float(options.preprocess)):
         calibrator = create_calibrator(
@@ -171,7 +173,7 @@ def _upgraded(src: Path, scratch: Path, large: bool) -> Path:
     return upgraded
 
 
-def write(prepared: Prepared, dst: Path, options: QuantizeOptions, keep_float: list[str]) -> None:
+def write(prepared: Prepared, dst: Path, options: OrtOptions, keep_float: list[str]) -> None:
     """The quantized model with `keep_float` (node names of the pre-processed graph) left in float."""
     with failures.stage("quantize_static", failures.keep_float(options.preprocess)):
         quantize_static(
@@ -192,11 +194,11 @@ def write(prepared: Prepared, dst: Path, options: QuantizeOptions, keep_float: l
         )
 
 
-def op_types(options: QuantizeOptions) -> list[str]:
+def op_types(options: OrtOptions) -> list[str]:
     return sorted((set(QLinearOpsRegistry) | set(QDQRegistry)) - set(options.exclude_op_types))
 
 
-def extra_options(options: QuantizeOptions) -> dict[str, Any]:
+def extra_options(options: OrtOptions) -> dict[str, Any]:
     """ONNX Runtime's names for the symmetry and Q/DQ-pair settings (unset ones keep its defaults)."""
     extra: dict[str, Any] = {"ActivationSymmetric": options.symmetric_activations}
     if options.symmetric_weights is not None:

@@ -7,17 +7,20 @@ weight it rewrites as an initializer, and pre-processing folds the Constant and 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.quantization.registry import IntegerOpsRegistry
 
 from temper.artifacts import onnx_io
-from temper.pipeline.step_options import QuantizeOptions
-from temper.pipeline.steps.quantize import failures, preprocess
+from temper.pipeline.quantize_backends import failures, preprocess
+
+if TYPE_CHECKING:
+    from temper.pipeline.quantize_backends.ort import OrtOptions
 
 
-def quantize(src: Path, dst: Path, options: QuantizeOptions, typed: list[str], scratch: Path, large: bool) -> None:
+def quantize(src: Path, dst: Path, options: OrtOptions, typed: list[str], scratch: Path, large: bool) -> None:
     """`typed`: the input graph's nodes of the excluded op types (kept float by name, see quantize.py)."""
     model = preprocess.pre_process(src, scratch, large) if options.preprocess else src
     structure = onnx_io.load_structure(model)

@@ -17,7 +17,7 @@ import onnx
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from temper.artifacts.errors import OptionError
-from temper.pipeline.steps.quantize import failures
+from temper.pipeline.quantize_backends import failures
 
 
 def pre_process(src: Path, scratch: Path, large: bool) -> Path:

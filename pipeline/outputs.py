@@ -224,6 +224,8 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
         gated = report.session_of(pair) if report and pair in {"baseline", *report.candidates} else None
         engine = report.candidates[pair].engine if report and pair in report.candidates else (
             report.baseline.engine if report else None)
+        dependent = bool(report and pair in {"baseline", *report.candidates}
+                         and report_model.batch_dependent(report, pair))
     except Mismatch:  # a damaged manifest, or another tool's: the line names manifest.json
         raise
     except Exception as exc:  # a failed candidate (no model), a damaged report
@@ -232,6 +234,7 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
     try:
         return output / name, config_for(output / name / MODEL_FILE, served.get("registered_model") or recipe["name"],
                                          serving_layout(manifest), measured_on=report.host if report else None,
-                                         engine=engine, session=gated, **(publish.get("serving") or {}))
+                                         engine=engine, session=gated, batch_dependent=dependent,
+                                         **(publish.get("serving") or {}))
     except Exception as exc:  # a model onnx cannot read, serving options this version does not know
         raise ValueError(f"cannot serve it from its run: {first_line(exc)}") from exc

@@ -190,6 +190,30 @@ def _runtime_families(models: list[Loaded]) -> Iterator[Metric]:
             gpu.add_metric(model, held)
     yield from (info, latency, sizes, memory, gpu)
     yield from _instance_families(models)
+    yield from _fallback_families(models)
+
+
+def _fallback_families(models: list[Loaded]) -> Iterator[Metric]:
+    """The burst fallback (artifacts/fallback.py) of each model that has one on."""
+    served = CounterMetricFamily("temper_fallback_requests", "Requests sent to each model of a burst fallback "
+                                 "(served_by: primary, backup)", labels=[*LABELS, "served_by"])
+    switches = CounterMetricFamily("temper_fallback_switches", "Burst fallback switches: to the backup (cause "
+                                   "queue_time: the primary's estimated latency over the target) and back to the "
+                                   "primary (cause recovered)", labels=[*LABELS, "to", "cause"])
+    active = GaugeMetricFamily("temper_fallback_active", "1 while requests go to the backup model", labels=LABELS)
+    target = GaugeMetricFamily("temper_fallback_latency_target_seconds", "The latency target the fallback keeps",
+                               labels=LABELS)
+    for loaded in models:
+        fallback, model = loaded.runtime.fallback, [loaded.name, loaded.version]
+        if fallback is None:
+            continue
+        for which, count in fallback.served.items():
+            served.add_metric([*model, which], count)
+        for (to, cause), count in fallback.switches.items():
+            switches.add_metric([*model, to, cause], count)
+        active.add_metric(model, int(fallback.active))
+        target.add_metric(model, fallback.target_ms / 1000)
+    yield from (served, switches, active, target)
 
 
 def _instance_families(models: list[Loaded]) -> Iterator[Metric]:

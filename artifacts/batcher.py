@@ -14,6 +14,10 @@ Rows are joined along each input's own batch axis (runtime.json `batch_axis`: Si
 [2, batch, 128] on axis 1) and split along each output's. An input without one (a sample rate, a
 constant) is not batched: requests share a batch only when they send the same value.
 
+A model whose answer to a row depends on the rows batched with it (runtime.json `batch_dependent`: the gates
+found it, e.g. dynamic INT8's one activation scale per batch) runs each request in a batch of its own: one
+client's data must not move another client's answer. Such a batch never waits to fill.
+
 Tiny models skip the batcher when it is idle: a request that finds nothing queued and nothing
 running is run on the caller's thread (submit(inline=True)), saving the two thread hand-offs
 (batcher wake-up, answer back) that cost more than the run itself.
@@ -122,6 +126,7 @@ class Batcher:
         self._busy = 0  # batches forming or executing, and inline runs; guarded by _cond
         self._forming = False  # a thread is taking requests into a batch; guarded by _cond
         self._last_batch_requests = 0
+        self._alone = config.batch_dependent  # one request per batch (see the module docstring)
 
     @property
     def started(self) -> bool:
@@ -260,6 +265,7 @@ class Batcher:
                 deadline = batch[0].arrived_ns + int(self.config.max_delay_ms * 1e6)
                 while (
                     self._running
+                    and not self._alone
                     and len(batch) < self._last_batch_requests
                     and sum(r.rows for r in batch) < self.max_rows
                     and (remaining := deadline - time.perf_counter_ns()) > 0
@@ -283,7 +289,7 @@ class Batcher:
                 if request.future.set_running_or_notify_cancel():
                     request.future.set_exception(RequestTimeout(EXPIRED))
                 self.counters.record_failure(REJECTED, 1, now - request.arrived_ns)
-            elif rows + request.rows > self.max_rows or (batch and request.key != batch[0].key):
+            elif rows + request.rows > self.max_rows or (batch and (self._alone or request.key != batch[0].key)):
                 kept.append(request)
             elif request.future.set_running_or_notify_cancel():
                 batch.append(request)

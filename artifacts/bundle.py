@@ -90,6 +90,10 @@ class ServingConfig(BaseModel):
                     "these, choosing threads again only on a host with fewer usable cores. null: nothing was "
                     "measured, serving chooses threads at start",
     )
+    batch_dependent: bool = Field(
+        False, description="the gates found the model's answer to a row depends on the rows batched with it (dynamic "
+                           "INT8's one activation scale per batch: report.json batch_composition.dependent); serving "
+                           "then runs each request in a batch of its own, so no request's data moves another's answer")
     gated_with: dict[str, str] = Field(
         default_factory=dict,
         description="library versions the bundle's gates ran on (onnxruntime, or onnxruntime-gpu for the CUDA "

@@ -164,8 +164,9 @@ class ServingCollector:
 def _runtime_families(models: list[Loaded]) -> Iterator[Metric]:
     """Start-up choices, latency, batch sizes, memory and instances, one sample (or series) per model."""
     info = GaugeMetricFamily("temper_runtime_info", "What start-up chose: engine, intra-op threads, inline runs, "
-                             "worker instances (0: in the server's process) (value 1)",
-                             labels=[*LABELS, "engine", "intra_op_threads", "inline", "instances"])
+                             "worker instances (0: in the server's process), one request per batch (a batch-dependent "
+                             "model) (value 1)",
+                             labels=[*LABELS, "engine", "intra_op_threads", "inline", "instances", "batch_alone"])
     latency = HistogramMetricFamily("temper_request_duration_seconds", "Time from queueing to answer of "
                                     "successful inference requests", labels=LABELS)
     sizes = HistogramMetricFamily("temper_batch_size", "Rows per model execution", labels=LABELS)
@@ -179,7 +180,7 @@ def _runtime_families(models: list[Loaded]) -> Iterator[Metric]:
         runtime, model = loaded.runtime, [loaded.name, loaded.version]
         m = runtime.metrics.snapshot()
         info.add_metric([*model, runtime.engine, str(runtime.intra_op_threads), str(runtime.inline).lower(),
-                         str(runtime.instances or 0)], 1)
+                         str(runtime.instances or 0), str(runtime.config.batch_dependent).lower()], 1)
         buckets = [(floatToGoString(ms / 1000), n) for ms, n in zip(m["latency_buckets_ms"], m["latency_counts"])]
         latency.add_metric(model, [*buckets, ("+Inf", m["latency_count"])], m["latency_sum_ms"] / 1000)
         _batch_sizes(sizes, m["batches"], runtime.max_rows, model, m["inference_count"])
@@ -189,6 +190,30 @@ def _runtime_families(models: list[Loaded]) -> Iterator[Metric]:
             gpu.add_metric(model, held)
     yield from (info, latency, sizes, memory, gpu)
     yield from _instance_families(models)
+    yield from _fallback_families(models)
+
+
+def _fallback_families(models: list[Loaded]) -> Iterator[Metric]:
+    """The burst fallback (artifacts/fallback.py) of each model that has one on."""
+    served = CounterMetricFamily("temper_fallback_requests", "Requests sent to each model of a burst fallback "
+                                 "(served_by: primary, backup)", labels=[*LABELS, "served_by"])
+    switches = CounterMetricFamily("temper_fallback_switches", "Burst fallback switches: to the backup (cause "
+                                   "queue_time: the primary's estimated latency over the target) and back to the "
+                                   "primary (cause recovered)", labels=[*LABELS, "to", "cause"])
+    active = GaugeMetricFamily("temper_fallback_active", "1 while requests go to the backup model", labels=LABELS)
+    target = GaugeMetricFamily("temper_fallback_latency_target_seconds", "The latency target the fallback keeps",
+                               labels=LABELS)
+    for loaded in models:
+        fallback, model = loaded.runtime.fallback, [loaded.name, loaded.version]
+        if fallback is None:
+            continue
+        for which, count in fallback.served.items():
+            served.add_metric([*model, which], count)
+        for (to, cause), count in fallback.switches.items():
+            switches.add_metric([*model, to, cause], count)
+        active.add_metric(model, int(fallback.active))
+        target.add_metric(model, fallback.target_ms / 1000)
+    yield from (served, switches, active, target)
 
 
 def _instance_families(models: list[Loaded]) -> Iterator[Metric]:

@@ -173,7 +173,7 @@ class RestCodec:
         return wanted
 
     def encode(self, request_id: str | None, results: dict[str, np.ndarray],
-               wanted: list[Wanted]) -> Response:
+               wanted: list[Wanted], parameters: dict[str, str] | None = None) -> Response:
         """The 200 response carrying `wanted` of `results`: JSON, or a JSON header and binary data
         when any output is asked for as binary; outputs asked for in shared memory are written there
         and listed without data."""
@@ -199,6 +199,8 @@ class RestCodec:
         reply: dict[str, Any] = {"model_name": self.name, "model_version": self.version, "outputs": outputs}
         if request_id is not None:
             reply["id"] = request_id
+        if parameters:
+            reply["parameters"] = parameters
         head = encode_json(reply)
         if not blobs:
             return 200, [JSON_TYPE], head

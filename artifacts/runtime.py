@@ -45,6 +45,7 @@ from temper.artifacts.engines import Engine, EngineSettings, Session, threads
 from temper.artifacts.engines.onnxruntime import SessionSettings
 from temper.artifacts.engines.providers import CPU, PROVIDERS, Provider
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
+from temper.artifacts.fallback import BurstFallback
 from temper.artifacts.host import HostProfile, profile, usable_cores
 from temper.artifacts.workers import CRASH_LOOP_DEATHS, CRASH_LOOP_S, WorkerPool
 
@@ -103,6 +104,7 @@ class Runtime:
         self.inline = False  # start() sets it when batch1_ms < INLINE_MAX_MS
         self._batcher = Batcher(self.config, self.max_rows, self._run, self.metrics)
         self.pool: WorkerPool | None = None  # start() starts it when instances > 0
+        self.fallback: BurstFallback | None = None  # the burst fallback's backup model (artifacts/fallback.py)
         self._ready = False
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -168,6 +170,8 @@ class Runtime:
             self.warm_up()
         self._batcher.instances = max(1, self.instances)
         self._batcher.start(self.config.name)
+        if self.fallback is not None:
+            self.fallback.backup.start()
         self._ready = True
 
     def _start_pool(self) -> None:
@@ -217,6 +221,8 @@ class Runtime:
         requests while they shut down, and those must get an answer (503, UNAVAILABLE) at once."""
         self._ready = False
         self._batcher.stop()
+        if self.fallback is not None:
+            self.fallback.backup.stop()
         if self.pool is not None:
             self.pool.stop()  # kept: its run() answers Stopped until start() starts a new one
 
@@ -241,6 +247,15 @@ class Runtime:
         except RequestError:
             self.metrics.record_failure(OTHER)
             raise
+        if self.fallback is not None:  # the burst fallback: the backup while the primary's queue is too long
+            runtime, which, cause = self.fallback.choose()
+            future = runtime._submit(inputs, rows, inline, timeout_s)
+            future.temper_parameters = {"temper_served_by": which, "temper_fallback_cause": cause}  # type: ignore
+            return future
+        return self._submit(inputs, rows, inline, timeout_s)
+
+    def _submit(self, inputs: dict[str, np.ndarray], rows: int, inline: bool,
+                timeout_s: float | None) -> concurrent.futures.Future:
         inline = inline and self.inline and (self.pool is None or self.pool.idle_count > 0)  # never wait on a restart
         return self._batcher.submit(inputs, rows, inline, timeout_s)
 

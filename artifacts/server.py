@@ -266,9 +266,10 @@ class InferenceServer:
                     raise RequestTimeout(message) from None
                 results = future.result()
         try:
+            extra = getattr(future, "temper_parameters", None)  # the burst fallback's: which model served it
             if sum(results[w.name].size for w in wanted if w.json) > INLINE_OUTPUT_ELEMENTS:
-                return await self._on_worker(codec.encode, request_id, results, wanted)
-            return codec.encode(request_id, results, wanted)
+                return await self._on_worker(codec.encode, request_id, results, wanted, extra)
+            return codec.encode(request_id, results, wanted, extra)
         except HttpError:
             model.refused += 1
             raise

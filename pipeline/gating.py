@@ -33,6 +33,8 @@ def subject(runner: Runner, baseline: Path, candidates: dict[str, Path | str]) -
                                                           "reason": loaded.preset_choice.reason},
         tunings=tunings(candidates), layout=runner.layout(baseline), records=RecordStore.beside(runner.cache),
         kept=OutputStore.beside(runner.cache),
+        serving_pad=dict(recipe.publish.serving.pad) if recipe.publish else {},
+        serving_batch=recipe.publish.serving.max_batch_size if recipe.publish else 16,
     )
 
 

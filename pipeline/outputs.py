@@ -224,6 +224,8 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
         gated = report.session_of(pair) if report and pair in {"baseline", *report.candidates} else None
         engine = report.candidates[pair].engine if report and pair in report.candidates else (
             report.baseline.engine if report else None)
+        dependent = bool(report and pair in {"baseline", *report.candidates}
+                         and report_model.batch_dependent(report, pair))
     except Mismatch:  # a damaged manifest, or another tool's: the line names manifest.json
         raise
     except Exception as exc:  # a failed candidate (no model), a damaged report
@@ -232,6 +234,24 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
     try:
         return output / name, config_for(output / name / MODEL_FILE, served.get("registered_model") or recipe["name"],
                                          serving_layout(manifest), measured_on=report.host if report else None,
-                                         engine=engine, session=gated, **(publish.get("serving") or {}))
+                                         engine=engine, session=gated, batch_dependent=dependent,
+                                         **(publish.get("serving") or {}))
     except Exception as exc:  # a model onnx cannot read, serving options this version does not know
         raise ValueError(f"cannot serve it from its run: {first_line(exc)}") from exc
+
+
+def backup_of(output: Path) -> str | None:
+    """The burst fallback's backup in a run's output folder (artifacts/fallback.py): among the pairs that passed
+    every gate on the selected engine, other than the selected model, the fastest (samples/s at the largest batch
+    size measured); None when none did, or nothing was measured."""
+    from temper.validators import report_model
+
+    report = report_model.load(output / report_model.FILE)
+    ranked = []
+    for candidate in report.candidates.values():
+        if not candidate.passed or candidate.engine != report.selected_engine or candidate.model == report.selected:
+            continue
+        if candidate.throughput:
+            top = max(m.batch_size for m in candidate.throughput)
+            ranked.append((max(m.samples_per_s for m in candidate.throughput if m.batch_size == top), candidate.model))
+    return max(ranked)[1] if ranked else None

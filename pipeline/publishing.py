@@ -18,7 +18,7 @@ from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.outputs import MANIFEST, serving_layout
 from temper.pipeline.steps import candidate_precision
 from temper.validators.report_model import FILE as REPORT_FILE
-from temper.validators.report_model import Report
+from temper.validators.report_model import Report, batch_dependent
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -77,6 +77,7 @@ def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str
             config = bundle.config_for(model, spec.mlflow.registered_model, layout, measured_on=host,
                                        engine=report.selected_engine,
                                        session=report.session_of(report.selected_pair), gated_with=versions.current(),
+                                       batch_dependent=batch_dependent(report, report.selected_pair),
                                        **spec.serving.model_dump())
             packed = bundle.write(Path(tmp) / "bundle", model, config, [folder / REPORT_FILE, folder / MANIFEST])
             run_id, model_uri = record_run(

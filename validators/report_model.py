@@ -23,11 +23,13 @@ from temper.artifacts.engines import Settings
 from temper.artifacts.engines.onnxruntime import SessionSettings, needed_limit_mb
 from temper.artifacts.engines.providers import Provider
 from temper.artifacts.host import HostProfile
+from temper.validators.report_composition import BatchComposition, CompositionFigure
 from temper.validators.report_tuning import Configuration, NodeSensitivity, SameGraph, Trial, Tuning
 
-__all__ = ["Configuration", "NodeSensitivity", "SameGraph", "Trial", "Tuning"]  # report.json's, kept apart for size
+__all__ = ["BatchComposition", "CompositionFigure", "Configuration", "NodeSensitivity", "SameGraph", "Trial",
+           "Tuning"]  # report.json's, kept apart for size
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 FILE = "report.json"
 
 Verdict = Literal["pass", "fail", "inconclusive"]
@@ -198,6 +200,8 @@ class Candidate(_Model):
     fidelity: list[Comparison]
     throughput: list[CandidateMeasurement]
     tuning: Tuning | None
+    batch_composition: BatchComposition | None = Field(
+        None, description="its answers inside batches of other rows (null: not measured, a fixed batch dim)")
 
 
 class Baseline(_Model):
@@ -206,6 +210,8 @@ class Baseline(_Model):
     metric: float | None
     engine: Provider
     throughput: list[Measurement]
+    batch_composition: BatchComposition | None = Field(
+        None, description="the baseline's answers inside batches of other rows (null: not measured)")
 
 
 class Target(_Model):
@@ -316,7 +322,7 @@ class Report(_Model):
 
     model_config = ConfigDict(title="temper report.json")
 
-    schema_version: Literal[5]
+    schema_version: Literal[6]
     recipe: str
     host: HostProfile = Field(description="the machine every figure was measured on")
     target: Target | None = Field(description="what quantize's preset auto resolved to, and why")
@@ -361,6 +367,12 @@ class Report(_Model):
             # a GPU pair serves within what its gates saw it need, not the whole device
             return settings.model_copy(update={"gpu_mem_limit_mb": needed_limit_mb(max(peaks))})
         return settings
+
+
+def batch_dependent(report: Report, pair: str) -> bool:
+    """Whether `pair`'s (a candidates key, or baseline) answers depend on the rows batched with it."""
+    found = report.baseline.batch_composition if pair == "baseline" else report.candidates[pair].batch_composition
+    return bool(found and found.dependent)
 
 
 def dumps(report: Report) -> str:

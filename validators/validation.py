@@ -23,6 +23,7 @@ from temper.calibration.sources import Dataset
 from temper.validators import engine_census, report_model, scoring, tensorrt_census
 from temper.validators.benches import Bench, bench_all
 from temper.validators.census import Census, of_file
+from temper.validators.composition import Composer
 from temper.validators.engine_agreement import disagreements
 from temper.validators.evaluate import Kept, predict
 from temper.validators.fidelity import compare_outputs, fidelity_gates
@@ -69,6 +70,8 @@ class Subject:
     layout: Layout = AXIS0  # batch axes and constants every batch is formed with
     records: Records | None = None  # where session settings searches are kept between runs (the pipeline's cache)
     kept: Kept | None = None  # where models' outputs over the data are kept between runs (the pipeline's cache)
+    serving_pad: dict[str, int | float] = field(default_factory=dict)  # publish.serving: how the batcher pads
+    serving_batch: int = 16  # publish.serving.max_batch_size: the batches the composition gates form
 
 
 @dataclass
@@ -83,6 +86,7 @@ class CandidateResult:
     census: Census | None = None  # what the built graph computes in (None: it did not build)
     engine_precision: str | None = None  # what the engine computes float ops in, read back (OpenVINO); None: graph
     engine_census: Census | None = None  # what ONNX Runtime's CPU provider runs of a quantized graph (engine_census)
+    composition: report_model.BatchComposition | None = None  # its answers inside batches of other rows
 
 
 @dataclass
@@ -99,6 +103,7 @@ class Validation:
     session_searches: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # model -> one per provider
     selection: Selection = field(default_factory=lambda: Selection(None))  # with the pairs tied with the selected
     disagreements: list[report_model.EngineDisagreement] = field(default_factory=list)  # one file, two engines
+    baseline_composition: report_model.BatchComposition | None = None
 
     @property
     def passed(self) -> bool:
@@ -145,6 +150,9 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
     benches, searches = bench_all(spec.throughput, measured, ref.key(ref.engine), sample, progress, subject.layout,
                                   host, subject.records)
     outputs = {(BASELINE, evaluated_on(ref.engine)): base_out}
+    progress("baseline › batch composition")
+    composer = Composer(subject.evaluation.features, subject.layout, subject.serving_pad, subject.serving_batch, spec,
+                        subject.baseline, evaluated_on(ref.engine))
     results = []
     for pair in pairs(list(subject.candidates), engines):
         key, path = pair.key(ref.engine), paths.get(pair.model)
@@ -175,6 +183,8 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
         result.verdict.gates += fidelity_gates(result.fidelity, spec)
         result.verdict.fidelity = min([c.cosine for c in result.fidelity]
                                       + [c.worst_row.cosine for c in result.fidelity if c.worst_row], default=None)
+        result.composition, batched = composer.of(path, where[1])  # validators/composition.py
+        result.verdict.gates += batched
         result.throughput = [_speed(bench, key, spec) for bench in benches]
         result.verdict.gates += [g for bench, (_, up) in zip(benches, result.throughput)
                                  if (g := _speed_gate(bench, up, pair.engine, spec)) is not None]
@@ -204,7 +214,8 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
     return Validation(subject, host, scorer.metric.name if scorer else None, scorer.value if scorer else None,
                       scorer.allowed if scorer else None,
                       [bench.figure(ref.key(ref.engine)) for bench in benches], results, selection.name or BASELINE,
-                      reason, searches, selection, disagreements(outputs, spec))
+                      reason, searches, selection, disagreements(outputs, spec),
+                      composer.of(subject.baseline, evaluated_on(ref.engine))[0])
 
 
 def _ort_settings(result: CandidateResult) -> SessionSettings:
@@ -301,7 +312,8 @@ def build_report(validation: Validation) -> report_model.Report:
         target=None if subject.preset is None else report_model.Target.model_validate(subject.preset),
         metric=validation.metric_name,
         baseline=report_model.Baseline(metric=validation.baseline_metric, engine=engine,
-                                       throughput=[_measurement(m) for m in validation.baseline_throughput]),
+                                       throughput=[_measurement(m) for m in validation.baseline_throughput],
+                                       batch_composition=validation.baseline_composition),
         allowed_drop=validation.allowed_drop,
         speed_policy=None if throughput is None else report_model.SpeedPolicy(
             min_speedup=throughput.min_speedup, gated_batch_sizes=throughput.gated_sizes,
@@ -355,4 +367,5 @@ def _candidate(c: CandidateResult, precision: str | None) -> report_model.Candid
              "speedup_interval": None if up.low is None or up.high is None else (up.low, up.high)})
             for m, up in c.throughput],
         tuning=None if c.tuning is None else report_model.Tuning.model_validate(c.tuning),
+        batch_composition=c.composition,
     )

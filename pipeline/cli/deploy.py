@@ -114,6 +114,11 @@ def serve(
         "--strict-readiness/--no-strict-readiness",
         help="/v2/health/ready answers 200 only once every model asked for is loaded and warmed up; off: once the "
              "server is up")] = True,
+    burst_fallback_ms: Annotated[float | None, number(
+        "--burst-fallback-ms", "latency target of the burst fallback (off by default): requests go to the bundle's "
+                               "backup model (its backup/ folder; a run's output folder: the fastest other pair that "
+                               "passed every gate) while the primary's queue would make them wait longer, and back "
+                               "once it is under half of it", 0.001)] = None,
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Serve a bundle, or a model repository of several, over the Open Inference Protocol (KServe v2 REST, and gRPC
@@ -153,7 +158,7 @@ def serve(
             raise EnvironmentProblem(f"--grpc-port: cannot listen on {host}:{grpc_port}: {exc.strerror or exc}") \
                 from None
     with sock, loaded_models(model, tracking_uri, control, load_model or [], strict_readiness, instances,
-                             _located, _warn) as (models, what):
+                             _located, _warn, burst_fallback_ms) as (models, what):
         max_body = int(max_body_mb * 1024 * 1024) if max_body_mb is not None else max(
             [body_limit(c) for c in models.configs()], default=MIN_BODY_BYTES)
         names = models.catalog.names()

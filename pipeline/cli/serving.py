@@ -35,8 +35,8 @@ def checked_control(model: str, control: str, load_model: list[str]) -> None:
 
 @contextmanager
 def loaded_models(model: str, tracking: str | None, control: str, load_model: list[str], strict: bool,
-                  instances: int | None, located: Located, warn: Callable[[str | None], None]
-                  ) -> Iterator[tuple[Models, str]]:
+                  instances: int | None, located: Located, warn: Callable[[str | None], None],
+                  fallback_ms: float | None = None) -> Iterator[tuple[Models, str]]:
     """(the Models to serve, a phrase naming what is served). A repository's models are built by the server's
     start-up (their failures end it); a single bundle's Runtime is built here, so a bundle that cannot load is
     one line, exit 2, before any port is served."""
@@ -45,6 +45,8 @@ def loaded_models(model: str, tracking: str | None, control: str, load_model: li
 
     path = Path(model)
     if not model.startswith("models:/") and ModelRepository.recognizes(path):
+        if fallback_ms is not None:
+            raise RecipeError(model, "--burst-fallback-ms", "serves one bundle's backup model; a repository has none")
         repository = ModelRepository(path)
         names = repository.names()
         for name in load_model:
@@ -64,7 +66,33 @@ def loaded_models(model: str, tracking: str | None, control: str, load_model: li
                        f"{len(at_start)} loaded at start)")
         return
     with located(model, tracking) as (folder, config, unchecked, version):
-        yield _single(model, folder, config, unchecked, version, control, load_model, strict, instances, warn)
+        models, what = _single(model, folder, config, unchecked, version, control, load_model, strict, instances, warn)
+        if fallback_ms is not None:
+            what += _with_backup(model, folder, models, instances, fallback_ms)
+        yield models, what
+
+
+def _with_backup(model: str, folder: Path, models: Models, instances: int | None, target_ms: float) -> str:
+    """Attach the burst fallback's backup model (artifacts/fallback.py) to the one model served."""
+    from temper.artifacts.fallback import BurstFallback, backup_folder
+    from temper.artifacts.runtime import Runtime
+    from temper.pipeline.outputs import MANIFEST, backup_of, servable
+
+    runtime = models.only().runtime
+    found, config = backup_folder(folder), None
+    if found is None and (folder.parent / MANIFEST).is_file():  # a run's output folder: its fastest other pass
+        name = backup_of(folder.parent)
+        if name is not None:
+            found, config = servable(folder.parent / name)
+    if found is None:
+        raise RecipeError(model, "--burst-fallback-ms", "no backup model: the bundle has no backup/ folder, and no "
+                                                        "other pair of its run passed every gate on its engine")
+    backup = Runtime(found, config=config, instances=instances)
+    mine = [(s.name, s.dtype) for s in runtime.config.inputs + runtime.config.outputs]
+    if [(s.name, s.dtype) for s in backup.config.inputs + backup.config.outputs] != mine:
+        raise RecipeError(model, "--burst-fallback-ms", f"the backup model {found} takes or answers other tensors")
+    runtime.fallback = BurstFallback(runtime, backup, target_ms)
+    return f", with the burst fallback to {found.name} over {target_ms:g} ms"
 
 
 def _single(model: str, folder: Path, config: ServingConfig | None, unchecked: str | None, version: str,

@@ -59,14 +59,23 @@ SESSION_SEARCH = {  # the baseline searched on cpu: one thread faster on its int
 }
 
 
+COMPOSITION = {
+    "batch_size": 16, "probes": 16, "padded": [],
+    "compositions": [{"name": name, "detail": name, "cosine_to_alone_min": cos, "cosine_to_alone_median": cos,
+                      "rel_l2_to_alone_max": rel, "cosine_to_baseline": 0.999, "row_cosine_to_baseline_min": 0.99}
+                     for name, cos, rel in (("alone", 1.0, 0.0), ("random", 0.9999, 0.005), ("loudest", 0.999, 0.01))],
+    "worst": "loudest", "dependent": True, "dependent_above": 1e-4,
+}
+
+
 def sample_report() -> dict[str, Any]:
     """Two candidates, neither passing: int8's speed gate is inconclusive, fp16 misses accuracy."""
     fidelity = {"name": "logits", "slice": None, "max_abs": 0.0123456, "mean_abs": 0.001, "p99_abs": 0.01,
                 "max_rel": 0.05, "rel_l2": 0.002, "cosine": 0.9999, "nonfinite": 0, "within_tolerance": False,
                 "worst_row": None}
     report = {
-        "schema_version": 5, "recipe": "toy", "metric": "top1",
-        "baseline": {"metric": 0.95, "engine": "cpu", "throughput": [measurement(4000.0)]},
+        "schema_version": 6, "recipe": "toy", "metric": "top1",
+        "baseline": {"metric": 0.95, "engine": "cpu", "throughput": [measurement(4000.0)], "batch_composition": None},
         "allowed_drop": 0.02,
         "candidates": {
             "int8": {"model": "int8", "engine": "cpu", "engine_precision": None,
@@ -77,7 +86,7 @@ def sample_report() -> dict[str, Any]:
                                     "throughput", "cpu", 8)],
                      "fidelity": [fidelity],
                      "throughput": [measurement(4400.0, speedup=1.1, speedup_interval=[0.9, 1.3])],
-                     "tuning": None},
+                     "tuning": None, "batch_composition": copy.deepcopy(COMPOSITION)},
             "fp16": {"model": "fp16", "engine": "cpu", "engine_precision": None,
                      "passed": False, "bytes": 24 * 1024, "metric": 0.9, "drop": 0.05, "precision": "fp16",
                      "intended_precision": "fp16",
@@ -86,7 +95,8 @@ def sample_report() -> dict[str, Any]:
                                           "MatMul": {"quantized": 0, "fp16": 1, "fp32": 0}}},
                      "engine_census": None,
                      "gates": [gate("accuracy", False, "top1 drop 0.05 > 0.02")],
-                     "fidelity": [{**fidelity, "cosine": 0.98}], "throughput": [], "tuning": None},
+                     "fidelity": [{**fidelity, "cosine": 0.98}], "throughput": [], "tuning": None,
+                     "batch_composition": None},
         },
         "not_built": {},
         "select": "fastest-passing", "selected": "baseline", "selected_engine": "cpu", "selected_pair": "baseline",

@@ -1,0 +1,105 @@
+"""The burst fallback (issue 37.7): a bundle's backup model takes requests while the primary's queue would break
+the latency target, and gives them back once it recovers; the switches, their cause and each model's share in
+/metrics and the answers' parameters; off by default. A real `temper serve`, a burst of concurrent clients."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from temper.artifacts import bundle
+from tests.artifacts.servers import Client, _counter, _metrics, _temper_serve
+
+WIDTH = 256
+CLIENTS, BURST = 16, 12
+
+
+def _model(path: Path, depth: int) -> Path:
+    """y = x @ W chained `depth` times (W 256x256, scaled to keep values bounded): x [batch, 256] -> y."""
+    w = numpy_helper.from_array((np.random.default_rng(0).standard_normal((WIDTH, WIDTH)) / 16).astype(np.float32),
+                                "W")
+    nodes, name = [], "x"
+    for i in range(depth):
+        nodes.append(helper.make_node("MatMul", [name, "W"], [f"h{i}" if i < depth - 1 else "y"]))
+        name = f"h{i}"
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDTH])], [w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bundle whose primary is slow (a long chain, milliseconds a row) and whose backup/ is fast (one MatMul)."""
+    folder = tmp_path_factory.mktemp("burst")
+    slow, fast = _model(folder / "slow.onnx", 400), _model(folder / "fast.onnx", 1)
+    root = bundle.write(folder / "bundle", slow, bundle.config_for(slow, "chain", max_batch_size=16, max_delay_ms=2))
+    bundle.write(root / "backup", fast, bundle.config_for(fast, "chain", max_batch_size=16, max_delay_ms=2))
+    return root
+
+
+def _request(client: Client) -> dict:
+    x = np.ones((1, WIDTH), dtype=np.float32)
+    status, _, body = client.infer({"inputs": [{"name": "x", "shape": [1, WIDTH], "datatype": "FP32",
+                                                "data": x.ravel().tolist()}]}, model="chain")
+    assert status == 200, body
+    return json.loads(body).get("parameters") or {}
+
+
+def _burst(port: int) -> list[dict]:
+    answers: list[dict] = []
+    start = threading.Barrier(CLIENTS)
+
+    def client() -> None:
+        c = Client(port)
+        start.wait()
+        for _ in range(BURST):
+            answers.append(_request(c))
+        c.close()
+
+    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answers
+
+
+def test_a_burst_goes_to_the_backup_and_comes_back(served):
+    with _temper_serve(str(served), args=("--instances", "0", "--burst-fallback-ms", "8")) as (port, _):
+        c = Client(port)
+        before = _request(c)
+        burst = _burst(port)
+        time.sleep(0.2)  # the burst is over: a quiet moment
+        after = [_request(c) for _ in range(5)]  # one client again: the primary's queue is empty
+        metrics = _metrics(c)
+        c.close()
+    assert before == {"temper_served_by": "primary", "temper_fallback_cause": ""}
+    by = [a["temper_served_by"] for a in burst]
+    assert by.count("backup") > 0 and by.count("primary") > 0, by
+    assert all(a["temper_fallback_cause"] == "queue_time" for a in burst if a["temper_served_by"] == "backup")
+    assert after[-1] == {"temper_served_by": "primary", "temper_fallback_cause": "recovered"}
+    total = 1 + CLIENTS * BURST + 5
+    served_by = {w: _counter(metrics, "temper_fallback_requests_total", served_by=w) for w in ("primary", "backup")}
+    assert served_by == {"primary": total - by.count("backup"), "backup": by.count("backup")}
+    assert _counter(metrics, "temper_fallback_switches_total", to="backup", cause="queue_time") >= 1
+    assert _counter(metrics, "temper_fallback_switches_total", to="primary", cause="recovered") >= 1
+    assert _counter(metrics, "temper_fallback_active") == 0
+    assert _counter(metrics, "temper_fallback_latency_target_seconds") == pytest.approx(0.008)
+
+
+def test_off_by_default(served):
+    with _temper_serve(str(served), args=("--instances", "0")) as (port, _):
+        answers = _burst(port)
+        c = Client(port)
+        metrics = _metrics(c)
+        c.close()
+    assert all(a == {} for a in answers)  # no fallback parameters: the primary answered every one
+    assert not any(name.startswith("temper_fallback") for name, _ in metrics)

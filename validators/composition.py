@@ -121,8 +121,8 @@ def figures(mine: Measured, reference: Measured, spec: ValidateSpec) -> tuple[Ba
         return record, []
     where = f"in its worst batch composition '{worst.name}' ({worst.detail})"
     gates = []
-    for name, answer in mine.answers[worst.name].items():
-        bad = int(np.size(answer) - np.count_nonzero(np.isfinite(answer)))
+    for name, values in mine.answers[worst.name].items():
+        bad = int(np.size(values) - np.count_nonzero(np.isfinite(values)))
         gates.append(Gate(f"fidelity.batched.{name}.finite", bad == 0, float(bad), 0.0,
                           f"{bad} NaN/Inf values {where}" if bad else f"all values finite {where}", kind="fidelity"))
         if spec.fidelity is not None and spec.fidelity.cosine_min is not None:

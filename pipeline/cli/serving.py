@@ -78,7 +78,9 @@ def _with_backup(model: str, folder: Path, models: Models, instances: int | None
     from temper.artifacts.runtime import Runtime
     from temper.pipeline.outputs import MANIFEST, backup_of, servable
 
-    runtime = models.only().runtime
+    only = models.only()
+    assert only is not None, "the burst fallback serves one model"  # a repository refuses the flag earlier
+    runtime = only.runtime
     found, config = backup_folder(folder), None
     if found is None and (folder.parent / MANIFEST).is_file():  # a run's output folder: its fastest other pass
         name = backup_of(folder.parent)

@@ -29,7 +29,7 @@ def test_pairs_on_cpu_and_openvino_are_gated_and_one_is_selected(temper, gated_d
     result = temper("run", gated_digits, "--output", out)
     assert result.code == 0, result.stderr
     report = read_report(out)
-    assert report["schema_version"] == 5 and report["baseline"]["engine"] == "cpu"
+    assert report["schema_version"] == 6 and report["baseline"]["engine"] == "cpu"
     models = ["fp16", "int8-static", "int8-dynamic"]
     expected = models + [f"{m}@{engine}" for engine in engines for m in ["baseline", *models]]
     assert list(report["candidates"]) == expected

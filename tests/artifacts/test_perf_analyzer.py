@@ -127,3 +127,22 @@ def test_perf_analyzer_shared_memory_is_the_servers_extension(perf_analyzer: Pat
             run = _perf_analyzer(perf_analyzer, protocol, at, "system")
             assert run.returncode != 0 and "start temper serve with --allow-client-shm" in run.stdout + run.stderr, \
                 run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("way", ["bundle", "repository"])
+def test_perf_analyzer_over_grpc_on_bundles_that_record_their_session(perf_analyzer: Path, tmp_path: Path,
+                                                                      way: str) -> None:
+    """Bundles `temper run` writes record the session settings the gates measured; Triton's ModelConfig holds them
+    as a map, which perf_analyzer -i grpc reads before its first request (it exited 99 while they were a list).
+    Served as the bundle itself and as the repository export-triton writes of it."""
+    from temper.artifacts.engines.onnxruntime import SessionSettings
+    from temper.artifacts.triton import export_repository
+
+    recorded = SessionSettings(intra_op_threads=1, graph_optimization="extended")
+    bundle = _bundle(tmp_path / "bundle", _cnn(tmp_path / "cnn.onnx"), MODEL, session=recorded)
+    folder = bundle if way == "bundle" else export_repository(bundle, tmp_path / "repo").parent
+    with _temper_serve(folder) as (_, grpc_port):
+        run = _perf_analyzer(perf_analyzer, "grpc", grpc_port, "none")
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert len(re.findall(r"Concurrency: \d+, throughput: [\d.]+ infer/sec", output)) == 2, output

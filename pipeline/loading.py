@@ -155,6 +155,8 @@ def backend_terms(error: Any, loc: tuple[Any, ...]) -> tuple[str, str] | None:
             return _path(loc), f"unknown key '{key}'{hint}"
         named = " or ".join(f"{b.label}" for b in others)
         return _path(loc), f"an option of {named}: it needs backend: {' or '.join(b.name for b in others)}"
+    if not isinstance(given, str | int | float | bool):  # a mapping or list where a name goes: worded as any error
+        return None
     takers = [b for b in BACKENDS.values() if b is not chosen and key in b.options.model_fields
               and given in _literals(b.options.model_fields[key].annotation)]
     if not takers:

@@ -35,6 +35,7 @@ BAD_NUMBERS = [
     ("serve", ["BUNDLE"], "--max-connections", "0"),
     ("serve", ["BUNDLE"], "--instances", "-1"),
     ("serve", ["BUNDLE"], "--instances", "65"),  # past the 64 worker processes serve starts at most
+    ("serve", ["BUNDLE"], "--burst-fallback-ms", "nan"),  # a latency target: a positive number of ms
     ("export-triton", ["BUNDLE", "--dest", "REPO"], "--instances", str(2**31)),  # past Triton's int32 count
     ("export-triton", ["BUNDLE", "--dest", "REPO"], "--instances", "0"),
     ("export-triton", ["BUNDLE", "--dest", "REPO"], "--version", "0"),  # Triton ignores a version folder 0

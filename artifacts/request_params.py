@@ -4,7 +4,7 @@ Triton's names and units: `timeout` is the request's queue timeout in microsecon
 default_queue_policy with allow_timeout_override), `priority` a priority level (0: the default).
 temper has one queue and no priority levels, so it honours `timeout` (never past the bundle's
 timeout_s) and refuses a priority other than 0. It refuses, in one line, what it would otherwise
-ignore: an output's `class_count` (Triton's classification extension). Shared-memory parameters are
+ignore: an output's `class_count` or `classification` (Triton's classification extension). Shared-memory parameters are
 artifacts/client_shm.py's.
 """
 
@@ -34,10 +34,16 @@ def queue_timeout_s(params: object, default_s: float) -> float | None:
     return min(timeout / 1e6, default_s) if timeout else None  # 0: the default, as in Triton
 
 
+# Triton's classification extension, as its protocol document names it (class_count) and as tritonclient's
+# InferRequestedOutput(class_count=N) sends it (classification), over REST and gRPC alike
+CLASSIFICATION = ("class_count", "classification")
+
+
 def check_output(name: str, params: object) -> None:
-    """RequestError for an output that asks for classification (class_count)."""
+    """RequestError for an output that asks for classification (class_count, or tritonclient's classification)."""
     if not isinstance(params, Mapping):
         return
-    if params.get("class_count", 0) not in (0, None):
-        raise RequestError(f"output '{name}': class_count (Triton's classification extension) is not supported; "
-                           "ask for the output without it and take the top classes from it")
+    for key in CLASSIFICATION:
+        if params.get(key, 0) not in (0, None):
+            raise RequestError(f"output '{name}': {key} (Triton's classification extension) is not supported; "
+                               "ask for the output without it and take the top classes from it")

@@ -71,6 +71,7 @@ def test_a_queue_timeout_shorter_than_the_wait_drops_the_request_unrun(
     ({"priority": 2}, None, "no priority levels"),
     ({"timeout": -5}, None, "parameters.timeout must be a non-negative integer"),
     (None, {"class_count": 3}, "class_count (Triton's classification extension) is not supported"),
+    (None, {"classification": 3}, "classification (Triton's classification extension) is not supported"),
     (None, {"shared_memory_region": 1}, "client shared memory is off; start temper serve with --allow-client-shm"),
 ])
 def test_what_would_be_ignored_is_refused_in_one_line(slow: tuple[Client, GrpcServed, Runtime],

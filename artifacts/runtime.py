@@ -25,7 +25,8 @@ serve`'s default): default_instances(), usable cores over the engine's intra-op 
 a model that runs inline (batch-1 under INLINE_MAX_MS): its run is shorter than the hand-off to a
 worker (two process wake-ups, measured 0.5-1 ms a request on a loaded 2-core host,
 benchmarks/serving_workers.py), which would double its one-client latency, so it stays in this
-process unless `instances` asks.
+process unless `instances` asks. A bundle with a capacity.json (`temper capacity`) serves with the batch size,
+delay and, when `instances` is None, the instance count it chose (artifacts/capacity.py).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from temper.artifacts import engines, layout, versions
+from temper.artifacts import capacity, engines, layout, versions
 from temper.artifacts.batcher import Batcher, abandon, pad_length
 from temper.artifacts.bundle import MODEL, ServingConfig, check_describes, example_inputs, read
 from temper.artifacts.counters import OTHER, Counters
@@ -72,9 +73,13 @@ class Runtime:
         worker processes to run the model in (0: this process; None: default_instances())."""
         if instances is not None and instances < 0:
             raise ValueError(f"instances must be 0 or more, got {instances}")
-        self.instances = instances
         self.bundle = Path(bundle)
         self.config: ServingConfig = config or read(self.bundle)
+        measured = capacity.read(self.bundle)  # `temper capacity`'s choice, unless a flag says otherwise
+        if measured is not None:
+            self.config = measured.serving(self.config)
+            instances = measured.chosen.instances if instances is None else instances
+        self.instances = instances
         check_describes(self.config, self.bundle / MODEL)  # ValueError: a config of another model
         self.metrics = Counters()
         self._inputs = {spec.name: spec for spec in self.config.inputs}

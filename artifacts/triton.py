@@ -35,7 +35,12 @@ Triton waits up to `max_queue_delay_microseconds` for a full batch even when not
 timeout covers time spent queued, not execution, and it has no padding: runtime.json's `pad` is
 not carried over, and Triton batches only requests of one shape.
 
-`triton_cluster` writes the Kubernetes and KServe resources that run such a repository.
+A bundle with a capacity.json (`temper capacity`) is exported with the batching and instance count it chose
+(`plan`), and KIND_AUTO resolves from the engine row the bundle was gated on (KIND_CPU for a CPU row), so the
+cluster's pods ask for a GPU only where the model was gated on one.
+
+`triton_cluster` writes the Kubernetes and KServe resources that run such a repository (`triton_alerts` the alert
+rules and the autoscaler, from the capacity measured).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +58,17 @@ import onnx
 from temper.artifacts import engines
 from temper.artifacts.bundle import CONFIG as BUNDLE_CONFIG
 from temper.artifacts.bundle import MODEL, ServingConfig, TensorSpec, read
-from temper.artifacts.engines.providers import Provider
+from temper.artifacts.capacity import CAPACITY, Capacity
+from temper.artifacts.capacity import PLOT as CAPACITY_PLOT
+from temper.artifacts.capacity import read as read_capacity
+from temper.artifacts.engines.providers import PROVIDERS, Provider
 from temper.artifacts.folders import MARKER, is_marked, mark, replaceable
 from temper.artifacts.integrity import MANIFEST, REPORT
 
 CONFIG = "config.pbtxt"
 VERSION = "1"
 VERSION_NAME = re.compile(r"[1-9][0-9]*")  # a version folder Triton serves: a number without a leading 0
-BUNDLE_FILES = (BUNDLE_CONFIG, MANIFEST, REPORT)  # what makes a version folder a temper bundle beside the model
+BUNDLE_FILES = (BUNDLE_CONFIG, MANIFEST, REPORT, CAPACITY, CAPACITY_PLOT)  # a temper bundle beside the model
 PLAN = "model.plan"  # a TensorRT engine beside model.onnx; served instead of it when present
 WARMUP_DIM = 8  # concrete size for dynamic non-batch dims (e.g. sequence length) in warm-up requests
 KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU")
@@ -84,7 +93,47 @@ class _Enum(str):
     """A text-format enum value: written bare, not quoted."""
 
 
-def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = "KIND_AUTO",
+@dataclass(frozen=True)
+class Plan:
+    """What an export serves with: the config with capacity.json's batching when the bundle has one, the instance
+    count (asked, else capacity.json's, at least 1, else 1), the instance kind (KIND_AUTO resolved from the engine
+    row the bundle was gated on: KIND_GPU for a GPU row, KIND_CPU for a CPU one; kept for a bundle that names no
+    engine) and the capacity measured, if any."""
+
+    config: ServingConfig
+    instances: int
+    kind: str
+    capacity: Capacity | None
+
+    @property
+    def gpu(self) -> bool:
+        return self.kind != "KIND_CPU"
+
+
+def plan(bundle: Path, config: ServingConfig, instances: int | None, kind: str) -> Plan:
+    if kind not in KINDS:
+        raise ValueError(f"instance kind {kind!r} is not one of {', '.join(KINDS)}")
+    if instances is not None and instances < 1:
+        raise ValueError(f"instances must be >= 1, got {instances}")
+    measured = read_capacity(bundle)
+    if measured is not None:
+        config = measured.serving(config)
+        instances = max(1, measured.chosen.instances) if instances is None else instances
+    row: Provider = config.engine or "cpu"
+    if (bundle / PLAN).is_file():
+        if kind == "KIND_CPU":
+            raise ValueError(f"{bundle} holds a TensorRT plan, which only runs on a GPU; use KIND_GPU or KIND_AUTO")
+    else:
+        try:
+            kind = engines.of(row).triton_kind(row, kind)
+        except ValueError as err:
+            raise ValueError(f"{bundle} was {err}") from err
+        if kind == "KIND_AUTO" and config.engine is not None:  # gated on a CPU: no GPU to ask for
+            kind = "KIND_GPU" if PROVIDERS[row].gpu else "KIND_CPU"
+    return Plan(config, instances or 1, kind, measured)
+
+
+def export_repository(bundle: Path, dest: Path, instances: int | None = None, kind: str = "KIND_AUTO",
                       config: ServingConfig | None = None, version: str = VERSION,
                       evidence: Path | None = None) -> Path:
     """Write a Triton model repository: dest/<config.name>/config.pbtxt and dest/<name>/<version>/ holding
@@ -102,11 +151,8 @@ def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = 
     version folder its manifest.json and report.json, so that serving the repository checks the model's sha256
     as serving a published bundle does (another candidate has no report naming it, and stays unchecked)."""
     given = config
-    config = config or read(bundle)
-    if kind not in KINDS:
-        raise ValueError(f"instance kind {kind!r} is not one of {', '.join(KINDS)}")
-    if instances < 1:
-        raise ValueError(f"instances must be >= 1, got {instances}")
+    chosen = plan(bundle, config or read(bundle), instances, kind)
+    config, instances, kind = chosen.config, chosen.instances, chosen.kind
     if not VERSION_NAME.fullmatch(version):
         raise ValueError(f"version {version!r} is not a Triton version folder name (1, 2, ...: no leading 0)")
     name = folder_name(config.name)
@@ -114,23 +160,15 @@ def export_repository(bundle: Path, dest: Path, instances: int = 1, kind: str = 
     if not replaceable(folder):
         raise FileExistsError(f"{folder} exists and temper did not write it (no {MARKER} marker): "
                               "delete it or choose another --dest")
-    plan = (bundle / PLAN).is_file()
-    if plan and kind == "KIND_CPU":
-        raise ValueError(f"{bundle} holds a TensorRT plan, which only runs on a GPU; use KIND_GPU or KIND_AUTO")
-
-    files = [bundle / PLAN] if plan else [bundle / MODEL, *_external_data(bundle)]
+    engine_plan = (bundle / PLAN).is_file()
+    files = [bundle / PLAN] if engine_plan else [bundle / MODEL, *_external_data(bundle)]
     files += [bundle / f for f in BUNDLE_FILES if (bundle / f).is_file() and (given is None or f != BUNDLE_CONFIG)]
     vouching = [evidence / f for f in (MANIFEST, REPORT)] if evidence is not None else []
     row: Provider = config.engine or "cpu"
-    if plan:
+    if engine_plan:
         text = _pbtxt(_model_config(config, instances, kind, {"platform": "tensorrt_plan"}))
     else:
-        runtime = engines.of(row)
-        try:
-            kind = runtime.triton_kind(row, kind)
-        except ValueError as err:
-            raise ValueError(f"{bundle} was {err}") from err
-        text = _pbtxt(_model_config(config, instances, kind, runtime.triton(row, config.session)))
+        text = _pbtxt(_model_config(config, instances, kind, engines.of(row).triton(row, config.session)))
 
     dest.mkdir(parents=True, exist_ok=True)
     staging = dest / f".{name}.partial"

@@ -7,6 +7,8 @@ repository (where KServe runs: apply it instead of the two). One folder per mode
                               startup/readiness/liveness probes on the v2 health endpoints, the metrics port
       service.yaml            ports http 8000, grpc 8001, metrics 8002
       inferenceservice.yaml   KServe's kserve-tritonserver runtime, the same image, repository and flags
+      prometheusrule.yaml     with a capacity measured (capacity.json): alerts on the design's four signals
+      hpa.yaml                with a capacity measured: the HorizontalPodAutoscaler (artifacts/triton_alerts.py)
       .temper-output          the marker that lets a later export replace this folder
 
 The repository reaches the pod through one storage URI, the form KServe's `storageUri` takes:
@@ -27,8 +29,10 @@ from pathlib import Path
 
 import yaml
 
+from temper.artifacts.capacity import Capacity
 from temper.artifacts.folders import MANIFESTS, MARKER, WRITERS, claim, mark, owner, replaceable, swap_in
 from temper.artifacts.triton import folder_name
+from temper.artifacts.triton_alerts import autoscaler, memory_request, rules
 
 IMAGE = "nvcr.io/nvidia/tritonserver:24.08-py3"
 STORAGE_URI = "pvc://triton-models"
@@ -42,6 +46,8 @@ FILES = {
     "service.yaml": "Service: ports 8000 (http), 8001 (grpc), 8002 (metrics)",
     "inferenceservice.yaml": "KServe InferenceService (kserve-tritonserver runtime): apply it instead of the two above "
                              "where KServe runs",
+    "prometheusrule.yaml": "PrometheusRule: alerts on throughput, p99, memory and errors from capacity.json",
+    "hpa.yaml": "HorizontalPodAutoscaler: requests queued per replica at the measured knee, memory at 90%",
 }
 _CLAIM = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a PersistentVolumeClaim name (DNS-1123 subdomain)
 _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")  # Triton also takes s3://HOST:PORT/BUCKET
@@ -59,12 +65,15 @@ class BadSetting(ValueError):
 
 @dataclass(frozen=True)
 class Cluster:
-    """Where the cluster runs the repository from: the serving team's image and storage URI, and whether
-    the pod asks for a GPU (every instance kind but KIND_CPU)."""
+    """Where the cluster runs the repository from: the serving team's image and storage URI, whether the pod asks
+    for a GPU (every instance kind but KIND_CPU: triton.plan resolves KIND_AUTO from the engine gated on), the CPU
+    cores it requests and the capacity measured (memory, alerts, autoscaler)."""
 
     image: str = IMAGE
     storage_uri: str = STORAGE_URI
     gpu: bool = True
+    cpus: int | None = None  # CPU cores the pod requests: instances x the engine's threads per inference
+    capacity: Capacity | None = None  # what `temper capacity` measured: the memory request, the alerts, the HPA
 
     def __post_init__(self) -> None:
         if not self.image or any(c.isspace() for c in self.image):
@@ -84,9 +93,13 @@ def resource_name(model: str) -> str:
 
 
 def manifests(model: str, cluster: Cluster) -> dict[str, dict]:
-    """The three resources, by file name."""
-    return {"deployment.yaml": deployment(model, cluster), "service.yaml": service(model),
-            "inferenceservice.yaml": inference_service(model, cluster)}
+    """The resources, by file name: the three always, the alert rules and the autoscaler with a capacity measured."""
+    found = {"deployment.yaml": deployment(model, cluster), "service.yaml": service(model),
+             "inferenceservice.yaml": inference_service(model, cluster)}
+    if cluster.capacity is not None:
+        found["prometheusrule.yaml"] = rules(model, resource_name(model), cluster.capacity)
+        found["hpa.yaml"] = autoscaler(model, resource_name(model), cluster.capacity)
+    return found
 
 
 def writable(parent: Path, model: str) -> Path:
@@ -136,8 +149,8 @@ def deployment(model: str, cluster: Cluster) -> dict:
         "livenessProbe": _probe("live", period=10, failures=3),
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
-    if cluster.gpu:
-        container["resources"] = {"limits": {GPU: "1"}}
+    if resources := _resources(cluster):
+        container["resources"] = resources
     if mounts:
         container["volumeMounts"] = mounts
     pod: dict = {"securityContext": {"runAsUser": 1000, "runAsNonRoot": True, "fsGroup": 1000},  # Triton's image user
@@ -183,8 +196,8 @@ def inference_service(model: str, cluster: Cluster) -> dict:
         "image": cluster.image,  # the Deployment's image, not the tag the runtime was installed with
         "args": _flags(model),
     }
-    if cluster.gpu:
-        predictor["resources"] = {"limits": {GPU: "1"}}
+    if resources := _resources(cluster):
+        predictor["resources"] = resources
     return {
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
@@ -195,8 +208,25 @@ def inference_service(model: str, cluster: Cluster) -> dict:
 
 
 def _flags(model: str) -> list[str]:
-    """Serve this model only, and answer ready only once it is loaded and warm."""
-    return ["--model-control-mode=explicit", f"--load-model={model}", "--strict-readiness=true"]
+    """Serve this model only, answer ready only once it is loaded and warm, and export the latency quantiles the
+    p99 alert reads (nv_inference_request_summary_us)."""
+    return ["--model-control-mode=explicit", f"--load-model={model}", "--strict-readiness=true",
+            "--metrics-config=summary_latencies=true"]
+
+
+def _resources(cluster: Cluster) -> dict:
+    """What the pod asks for: one GPU when the model runs on one; the CPU cores its instances' threads use; the
+    memory measured at the knee with headroom as the request, twice that as the limit. No CPU limit: Triton's
+    onnxruntime sessions spin, and CFS throttling would stretch the tail the capacity was measured under."""
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if cluster.cpus is not None:
+        requests["cpu"] = str(cluster.cpus)
+    if (memory := memory_request(cluster.capacity)) is not None:
+        requests["memory"], limits["memory"] = f"{memory}Mi", f"{2 * memory}Mi"
+    if cluster.gpu:
+        limits[GPU] = "1"
+    return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
 
 
 def _probe(endpoint: str, period: int, failures: int) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from temper.artifacts.capacity import Capacity
 from temper.validators.report_model import Report, Tuning
 
 
@@ -112,6 +113,36 @@ def sensitivity_plot(name: str, tuning: Tuning, path: Path) -> Path:
     ax.invert_yaxis()
     ax.set(xlabel="SQNR of the quantized tensors it touches (dB; lower = more harmful)",
            title=f"{name}: top {len(top)} nodes by quantization sensitivity")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def capacity_plot(capacity: Capacity, path: Path) -> Path:
+    """`temper capacity`'s curve: p99 against the offered rate (log x), one line per configuration searched, the
+    chosen one's repeats as points, the target as a dashed line and the capacity with its interval shaded."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    choices = list(dict.fromkeys(p.choice for p in capacity.points))
+    for choice in choices:
+        measured = sorted((p.rate, p.p99_ms) for p in capacity.points
+                          if p.choice == choice and p.round == 0 and p.p99_ms is not None)
+        if measured:
+            rates, p99s = zip(*measured)
+            chosen = choice == capacity.chosen
+            ax.plot(rates, p99s, marker="o", linewidth=2.5 if chosen else 1, alpha=1 if chosen else 0.6,
+                    label=f"{choice.label()}{' (chosen)' if chosen else ''}")
+    repeats = [(p.rate, p.p99_ms) for p in capacity.points if p.round > 0 and p.p99_ms is not None]
+    if repeats:
+        ax.scatter(*zip(*repeats), marker="x", color="black", label="chosen, repeated rounds", zorder=3)
+    ax.axhline(capacity.target_p99_ms, linestyle="--", color="red", label=f"target p99 {capacity.target_p99_ms:g} ms")
+    ax.axvspan(*capacity.interval, color="green", alpha=0.15,
+               label=f"capacity {capacity.rate:,.0f} req/s (95% interval)")
+    ax.set(xscale="log", yscale="log", xlabel="offered requests/s (open loop, Poisson)", ylabel="p99 latency, ms",
+           title=f"capacity under p99 {capacity.target_p99_ms:g} ms ({capacity.tool}, {capacity.protocol})")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

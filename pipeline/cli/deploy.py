@@ -189,9 +189,12 @@ def export_triton(
         help="what `temper serve` takes: a serving bundle folder, a run's output folder (its selected model) or "
              "OUTPUT/CANDIDATE, or models:/NAME@ALIAS or models:/NAME/VERSION", show_default=False)],
     dest: Annotated[Path, typer.Option("--dest", help="Triton model repository to write into")],
-    instances: Annotated[int, number("--instances", "model instances per device", 1, 2**31 - 1)] = 1,
-    kind: Annotated[str, typer.Option("--kind", help="KIND_AUTO, KIND_GPU or KIND_CPU; the cluster's pods ask for "
-                                                     "one GPU unless KIND_CPU")] = "KIND_AUTO",
+    instances: Annotated[int | None, number(
+        "--instances", "model instances per device; default: the bundle's capacity.json choice, else 1", 1,
+        2**31 - 1)] = None,
+    kind: Annotated[str, typer.Option("--kind", help="KIND_AUTO, KIND_GPU or KIND_CPU; KIND_AUTO follows the engine "
+                                                     "the model was gated on (a CPU one: KIND_CPU); the cluster's pods "
+                                                     "ask for one GPU unless KIND_CPU")] = "KIND_AUTO",
     image: Annotated[str, typer.Option("--image", help="Triton container image the cluster runs")] = IMAGE,
     storage_uri: Annotated[str, typer.Option(
         "--storage-uri", help="where the cluster finds this repository: pvc://CLAIM, s3://BUCKET or gs://BUCKET, "
@@ -207,12 +210,14 @@ def export_triton(
 ) -> None:
     """Write a Triton model repository (config.pbtxt with dynamic batching and warm-up) for a model, and the
     Kubernetes Deployment, Service and KServe InferenceService that run it on a cluster."""
+    from dataclasses import replace
+
     from temper.artifacts.bundle import read
-    from temper.artifacts.triton import differences, export_repository, folder_name
+    from temper.artifacts.triton import differences, export_repository, folder_name, plan
     from temper.artifacts.triton_cluster import FILES, BadSetting, Cluster, writable, write_manifests
 
     try:  # before anything is read or written
-        cluster = Cluster(image, storage_uri, gpu=kind != "KIND_CPU")
+        cluster = Cluster(image, storage_uri)
     except BadSetting as exc:
         raise RecipeError(model, f"--{exc.field.replace('_', '-')}", str(exc)) from None
     beside = manifests or _beside(dest)
@@ -225,8 +230,12 @@ def export_triton(
         try:
             config = config or read(folder)
             name = folder_name(config.name)
+            chosen = plan(folder, config, instances, kind)
         except Exception as exc:
             raise RecipeError(model, "MODEL", first_line(exc)) from exc
+        threads = chosen.config.session.threads if chosen.config.session is not None else 1
+        cpus = 1 if chosen.gpu else chosen.instances * threads  # a GPU instance: one core feeds it
+        cluster = replace(cluster, gpu=chosen.gpu, cpus=cpus, capacity=chosen.capacity)
         _unowned("--dest", dest, dest / name, "export-triton")
         _unowned("--manifests", beside, beside / name, "manifests")
         try:  # not a bundle, a bad --kind, a foreign folder in the way: refused before either folder is written
@@ -244,7 +253,11 @@ def export_triton(
     out.print(Text(f"wrote what a cluster needs to run it from {storage_uri} on {image}"
                    f"{' with 1 GPU' if cluster.gpu else ''} to {cluster_folder}:"), soft_wrap=True)
     for file, what in FILES.items():
-        out.print(Text(f"  {file}  {what}"), soft_wrap=True)
+        if (cluster_folder / file).is_file():
+            out.print(Text(f"  {file}  {what}"), soft_wrap=True)
+    if cluster.capacity is None:
+        out.print(Text("  no alert rules, autoscaler or memory request: the bundle has no capacity.json; measure "
+                       "one with `temper capacity BUNDLE --p99-ms MS`, then export again"), soft_wrap=True)
     out.print("unlike temper serve, on Triton:")
     for difference in differences(config):
         out.print(Text(f"  {difference}"), soft_wrap=True)

@@ -160,3 +160,126 @@ def _held(name: str, text: str, dtype: np.dtype) -> float:
     if not low <= exact <= high:
         raise ValueError(f"outside {dtype.name}'s range [{low}, {high}]")
     return exact
+
+
+def _numbers(text: str, flag: str, cast: type, low: float) -> list:
+    """A comma-separated list of numbers, each at least `low`, in the order given, without repeats."""
+    try:
+        values = [cast(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or any(not math.isfinite(v) or v < low for v in values):
+        from temper.artifacts.errors import RecipeError
+
+        raise RecipeError(text, flag, f"expected numbers of at least {low:g} separated by commas, got '{text}'")
+    return list(dict.fromkeys(values))
+
+
+@app.command()
+def capacity(
+    bundle: Annotated[Path, typer.Argument(
+        help="serving bundle folder (model.onnx and runtime.json: what `temper pull` writes, or a version folder "
+             "of a repository `temper export-triton` wrote)", show_default=False)],
+    p99_ms: Annotated[float, number("--p99-ms", "the latency target: p99 in milliseconds, client side", 0,
+                                    above=True)],
+    batch_sizes: Annotated[str | None, typer.Option(
+        "--batch-sizes", help="max batch sizes to try, comma-separated; default: the bundle's, 4, 16, 64",
+        show_default=False)] = None,
+    delays_ms: Annotated[str | None, typer.Option(
+        "--delays-ms", help="max queue delays to try (ms); default: the bundle's, 0, 2", show_default=False)] = None,
+    instances: Annotated[str | None, typer.Option(
+        "--instances", help="worker instances to try (0: in the server's process); default: 1 up to the usable "
+                            "cores, at most 4", show_default=False)] = None,
+    rounds: Annotated[int, number("--rounds", "times the chosen configuration's knee is measured again, each on "
+                                              "a fresh server, for its interval", 1, 20)] = 2,
+    seconds: Annotated[float, number("--seconds", "seconds of requests per rate", 0.5, 600)] = 3.0,
+    steps: Annotated[int, number("--steps", "bisections between the last rate under the target and the first "
+                                            "over it", 0, 10)] = 3,
+    start_rate: Annotated[float, number("--start-rate", "first request rate offered, requests/s", 0.1)] = 20.0,
+    max_rate: Annotated[float, number("--max-rate", "highest request rate offered, requests/s", 1)] = 20_000.0,
+    protocol: Annotated[str, typer.Option("--protocol", help="http or grpc (grpc needs the grpc extra)")] = "http",
+    perf_analyzer: Annotated[str, typer.Option(
+        "--perf-analyzer", help="Triton's perf_analyzer: a path, or a command on PATH (`make perf-analyzer` "
+                                "installs one as .cache/perf_analyzer/run)")] = "perf_analyzer",
+) -> None:
+    """Measure the highest request rate the bundle serves behind `temper serve` with p99 under --p99-ms, across
+    max batch size, max queue delay and instances (a small one-dimension-at-a-time search, perf_analyzer's
+    open-loop request rates), with the knee repeated for an interval. Writes capacity.json (the chosen
+    configuration, which `temper serve` and `temper export-triton` then use) and capacity.png into the bundle."""
+    import shutil
+
+    from temper.artifacts.bundle import read
+    from temper.artifacts.capacity import PLOT, write
+    from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line
+    from temper.artifacts.host import usable_cores
+    from temper.artifacts.integrity import Mismatch, check_bundle
+    from temper.pipeline.capacity import Search, measure
+    from temper.pipeline.capacity_load import Load
+    from temper.validators.report_plots import capacity_plot
+
+    if protocol not in ("http", "grpc"):
+        raise RecipeError(str(bundle), "--protocol", f"'{protocol}' is not http or grpc")
+    try:
+        config = read(bundle)
+        unchecked = check_bundle(bundle, "pull the bundle again")
+    except Mismatch as exc:
+        raise RecipeError(str(exc.file), "", str(exc)) from None
+    except (OSError, ValueError) as exc:
+        raise RecipeError(str(bundle), "BUNDLE", f"{first_line(exc)}: `temper pull` a published model, or measure "
+                                                 "a version folder `temper export-triton` wrote") from None
+    if unchecked:
+        err.print(f"warning: {unchecked}", soft_wrap=True)
+    tool = shutil.which(perf_analyzer)
+    if tool is None:
+        raise EnvironmentProblem(f"--perf-analyzer: {perf_analyzer} not found: `make perf-analyzer` installs Triton's "
+                                 "perf_analyzer into .cache/perf_analyzer/ (pass --perf-analyzer "
+                                 ".cache/perf_analyzer/run), or run this in Triton's SDK image")
+    search = Search(
+        target_ms=p99_ms,
+        batch_sizes=_numbers(batch_sizes, "--batch-sizes", int, 1) if batch_sizes else
+        list(dict.fromkeys([config.max_batch_size, 4, 16, 64])),
+        delays_ms=_numbers(delays_ms, "--delays-ms", float, 0) if delays_ms else
+        list(dict.fromkeys([config.max_delay_ms, 0.0, 2.0])),
+        instances=_numbers(instances, "--instances", int, 0) if instances else
+        list(range(1, min(usable_cores(), 4) + 1)),
+        start_rate=min(start_rate, max_rate), ceiling=max_rate, floor=min(1.0, start_rate), steps=steps,
+        rounds=rounds)
+    load = Load(tool, protocol, seconds)
+
+    def tell(point: object) -> None:
+        from temper.artifacts.capacity import Point
+
+        assert isinstance(point, Point)
+        err.print(f"  {point.choice.label()}{f', round {point.round}' if point.round else ''}: {point.rate:,.1f} "
+                  f"req/s offered -> p99 {_ms(point.p99_ms)}, {point.errors} errors: "
+                  f"{'under' if point.under else 'OVER'}", soft_wrap=True)
+
+    measured = measure(bundle, config, search, load, tell)
+    written = write(bundle, measured)
+    plot = capacity_plot(measured, bundle / PLOT)
+    table = Table(title=f"temper capacity: {config.name}, p99 target {p99_ms:g} ms", title_justify="left")
+    for col in ("batch", "delay ms", "instances", "round", "offered/s", "sent/s", "p50 ms", "p99 ms", "queue us",
+                "errors", "p99 under"):
+        table.add_column(col, justify="right")
+    for p in measured.points:
+        table.add_row(str(p.choice.max_batch_size), f"{p.choice.max_delay_ms:g}", str(p.choice.instances),
+                      str(p.round), f"{p.rate:,.1f}", f"{p.sent:,.1f}", _ms(p.p50_ms), _ms(p.p99_ms),
+                      "-" if p.queue_us is None else f"{p.queue_us:,.0f}", str(p.errors), "yes" if p.under else "no")
+    table.caption = f"{measured.tool} over {protocol}, {seconds:g} s of Poisson arrivals per rate; measured on " \
+                    f"{measured.measured_on.summary()}"
+    out.print(table)
+    memory = "-" if measured.memory_bytes is None else f"{measured.memory_bytes / 2**20:,.0f} MiB"
+    out.print(f"chosen: {measured.chosen.label()}: {measured.rate:,.1f} requests/s with p99 under {p99_ms:g} ms "
+              f"(knees {', '.join(f'{k:,.1f}' for k in measured.knees)}; 95% interval {measured.interval[0]:,.1f}-"
+              f"{measured.interval[1]:,.1f}); at the knee p99 {measured.p99_ms:.3g} ms, queue "
+              f"{_us(measured.queue_us)}, {measured.in_flight:.3g} requests in flight, {memory}", soft_wrap=True)
+    out.print(f"wrote {written} and {plot}: temper serve and temper export-triton use the chosen configuration",
+              soft_wrap=True)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f} us"

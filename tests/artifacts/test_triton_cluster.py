@@ -188,7 +188,8 @@ def test_the_inference_service_runs_the_same_repository_image_and_flags_on_kserv
     assert predictor["modelFormat"] == {"name": "triton"} and predictor["runtime"] == "kserve-tritonserver"
     assert predictor["storageUri"] == "s3://models/prod" and predictor["image"] == "registry.example/triton:24.08-py3"
     # appended to the runtime's own `tritonserver --model-store=/mnt/models --http-port=8080 --grpc-port=9000`
-    assert predictor["args"] == ["--model-control-mode=explicit", "--load-model=digits_v2", "--strict-readiness=true"]
+    assert predictor["args"] == ["--model-control-mode=explicit", "--load-model=digits_v2", "--strict-readiness=true",
+                                 "--metrics-config=summary_latencies=true"]
     assert predictor["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
     assert "name" not in predictor  # KServe refuses a name in a standard predictor
 
@@ -311,7 +312,7 @@ def test_export_triton_writes_manifests_only_into_a_folder_of_its_own(temper, ti
                                                 "service.yaml"]
     assert "with 1 GPU" not in done.stdout
     deployment = yaml.safe_load((elsewhere / MODEL / "deployment.yaml").read_text())
-    assert "resources" not in _container(deployment)
+    assert _container(deployment)["resources"] == {"requests": {"cpu": "1"}}  # its cores, no GPU
 
 
 def test_export_triton_help_shows_the_cluster_options(temper) -> None:

@@ -67,6 +67,7 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
     really activates, each batch size fits in memory and in the model, every fidelity slice fits its
     output, and the MLflow store answers. The one home of the pre-flight checks: `temper run` and
     `temper check` call it once. Returns what was checked."""
+    from temper.artifacts.onnx_io import fixed_batch, load_structure
     from temper.pipeline.slice_check import check_slices
     from temper.validators.throughput import fits_in_memory, session_for
 
@@ -88,8 +89,11 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
             assert runner.evaluation_set is not None  # precheck
             for provider in spec.throughput.providers:
                 session_for(baseline, provider)  # EnvironmentProblem (exit 3) unless it really activates
+            fixed = fixed_batch(load_structure(baseline), runner.layout(baseline))
             for index, size in enumerate(spec.throughput.batch_sizes):
-                problem = fits_in_memory(runner.evaluation_set.features, size)
+                problem = fits_in_memory(runner.evaluation_set.features, size) or (
+                    f"baseline: the model's batch dim is fixed to {fixed}, so batch size {size} cannot run; "
+                    "export the model with a dynamic batch dim" if fixed is not None and size != fixed else None)
                 if problem:
                     raise RecipeError(loaded.file, f"validate.throughput.batch_sizes[{index}]", problem)
             done.append(f"validate.throughput: providers {', '.join(spec.throughput.providers)} active, batch sizes "

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line
+from temper.artifacts.errors import EnvironmentProblem, RecipeError
 from temper.artifacts.integrity import Mismatch, check_output, read_manifest
 from temper.pipeline.cache import MODEL_FILE, TUNING_FILE, OutputStore, RecordStore
 from temper.pipeline.loading import LoadedRecipe
@@ -100,13 +100,12 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
                         f"{spec.throughput.batch_sizes} fit in memory")
     done += check_slices(runner)  # fidelity slices against the baseline's output shapes
     if runner.recipe.publish is not None:
-        from temper.artifacts.registry import connect, reachable, tracking_uri
+        from temper.artifacts.registry import StoreUnreachable, open_store, tracking_uri
 
         try:
-            reachable(connect(tracking))
-        except Exception as exc:  # refused, unknown host, timeout, a file store it cannot open
-            raise EnvironmentProblem(f"the MLflow store {tracking_uri(tracking)} does not answer "
-                                     f"({first_line(exc)}): start it, or pass --tracking-uri") from exc
+            open_store(tracking)
+        except StoreUnreachable as exc:
+            raise EnvironmentProblem(str(exc)) from exc
         done.append(f"publish: MLflow store {tracking_uri(tracking)} answers")
     return done
 

@@ -36,15 +36,12 @@ def promote(
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Move an alias (e.g. champion) to a registered version."""
-    from temper.artifacts.registry import connect, reachable
-    from temper.artifacts.registry import tracking_uri as resolved
+    from temper.artifacts.registry import StoreUnreachable, open_store
 
-    client = connect(tracking_uri)
     try:  # a store that does not answer is the environment (3), not a wrong NAME (2)
-        reachable(client)
-    except Exception as exc:
-        raise EnvironmentProblem(f"the MLflow store {resolved(tracking_uri)} does not answer ({first_line(exc)}): "
-                                 "start it, or pass --tracking-uri") from exc
+        client = open_store(tracking_uri)
+    except StoreUnreachable as exc:
+        raise EnvironmentProblem(str(exc)) from exc
     steps = (("NAME", lambda: client.get_registered_model(name)),  # each error names the argument that is wrong
              ("VERSION", lambda: client.get_model_version(name, version)),
              ("--alias", lambda: client.set_registered_model_alias(name, alias, version)))

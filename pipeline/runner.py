@@ -19,7 +19,7 @@ import onnx
 
 from temper.artifacts import onnx_io
 from temper.artifacts.callables import call_user, load_callable, split_ref
-from temper.artifacts.errors import OptionError, RecipeError, StepFailed, TemperError, first_line
+from temper.artifacts.errors import OptionError, RecipeError, StepFailed, TemperError, first_line, reraise_interrupt
 from temper.artifacts.folders import claim, sweep
 from temper.artifacts.integrity import sha256_of
 from temper.artifacts.layout import Layout
@@ -326,9 +326,10 @@ class Runner:
             begin = time.perf_counter()
             try:
                 build(dst, self._context(folder / "work", f"{chain} › {step}"))
-            except TemperError:
-                raise
             except Exception as exc:  # a library failing inside a step: one line, cause kept for --debug
+                reraise_interrupt(exc)  # a library failing on its way out of an interrupt: not the model's fault
+                if isinstance(exc, TemperError):
+                    raise
                 raise StepFailed(f"{step}: {first_line(exc)}") from exc
             seconds = time.perf_counter() - begin
             if not dst.is_file():

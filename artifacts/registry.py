@@ -11,7 +11,6 @@ import contextlib
 import io
 import logging
 import os
-import shutil
 import sqlite3
 import tempfile
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from temper.artifacts.folders import (
     WRITERS,
     claim,
     copy_into,
+    discard,
     mark,
     owned_above,
     owner,
@@ -294,7 +294,7 @@ def _fetch(uri: str, tracking: str | None, dest: Path, download: Callable[[Model
                 raise NoSuchModel(_first_line(exc)) from exc
             _deliver(source, staging, dest, f"models:/{found.name}/{found.version}", holds)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        discard(staging)
     return Fetched(found.name, str(found.version), dest, dict(found.tags), found.run_id or "")
 
 

@@ -132,7 +132,7 @@ class RequestError(ValueError):
 
 
 class Overloaded(RuntimeError):
-    """Queue full (HTTP 503, gRPC RESOURCE_EXHAUSTED)."""
+    """Queue full (HTTP 503, gRPC UNAVAILABLE, as Triton)."""
 
 
 class RequestTimeout(TimeoutError):

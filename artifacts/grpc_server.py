@@ -241,8 +241,10 @@ class InferenceService(RepositoryRpcs, SharedMemoryRpcs, pb_grpc.GRPCInferenceSe
                     raise _invalid(f"input '{name}' names a shared memory region and also has contents; "
                                    "send one or the other")
                 try:
+                    config = model.runtime.config  # the shape against the model before a byte of the region is read
+                    config.check_shape(name, shape, model.runtime.max_rows)
                     array = self.regions.read(f"input '{name}'", target, dtype, count)
-                except ShmError as exc:
+                except RequestError as exc:  # ShmError among them
                     raise _invalid(str(exc)) from None
             elif raw:
                 if tensor.HasField("contents"):

@@ -76,6 +76,7 @@ class RestCodec:
         self.name, self.version = config.name, version
         self.regions = regions if regions is not None else ClientRegions()
         self.max_body_bytes = max_body_bytes
+        self.config, self.max_rows = config, config.max_rows()
         self.inputs = {spec.name: spec for spec in config.inputs}
         self.outputs = [spec.name for spec in config.outputs]
         self.timeout_s = config.timeout_s
@@ -121,6 +122,7 @@ class RestCodec:
                 if size is not None or "data" in item:
                     raise RequestError(f"input '{name}' names a shared memory region and also carries data; "
                                        "send one or the other")
+                self.config.check_shape(name, shape, self.max_rows)  # before a byte of the region is read
                 array = self.regions.read(f"input '{name}'", target, dtype, count)
             elif size is None:
                 if "data" not in item:

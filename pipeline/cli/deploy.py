@@ -7,6 +7,7 @@ input (exit 2), a store that does not answer is the environment (exit 3).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -115,6 +116,7 @@ def serve(
     with --grpc-port): dynamic batching, model load and unload, Prometheus /metrics."""
     from temper.artifacts.client_shm import ClientRegions
     from temper.artifacts.http_limits import MIN_BODY_BYTES, body_limit
+    from temper.artifacts.repository import LoadFailed
     from temper.artifacts.server import bind
     from temper.artifacts.server import serve as run_server
     from temper.pipeline.cli.serving import checked_control, loaded_models
@@ -161,6 +163,10 @@ def serve(
                       soft_wrap=True)
         try:
             run_server(models, sock, max_body, max_connections, regions)
+        except LoadFailed as exc:  # a startup model's version cannot be served: the repository's, or this host's
+            if isinstance(exc.__cause__, EnvironmentProblem):
+                raise EnvironmentProblem(str(exc)) from exc
+            raise RecipeError(model, "", str(exc)) from exc
         finally:
             if grpc_server is not None:
                 grpc_server.stop()
@@ -204,6 +210,7 @@ def export_triton(
         _apart(manifests, dest)
     for flag, parent in (("--dest", dest), ("--manifests", beside)):
         _unowned(flag, parent)
+        _can_hold(flag, parent)  # both before either is written: never a repository without its manifests
     with _located(model, tracking_uri) as (folder, config, unchecked, served):
         given = config
         try:
@@ -213,13 +220,23 @@ def export_triton(
             raise RecipeError(model, "MODEL", first_line(exc)) from exc
         _unowned("--dest", dest, dest / name, "export-triton")
         _unowned("--manifests", beside, beside / name, "manifests")
-        try:  # not a bundle, a bad --kind, a foreign folder in the way: refused before either folder is written
+        try:  # a foreign folder in the way of the manifests: refused before either folder is written
             writable(beside, config.name)
+        except FileExistsError as exc:
+            raise RecipeError(str(beside), "--manifests", str(exc)) from None
+        try:
             written = export_repository(folder, dest, instances=instances, kind=kind, config=given,
                                         version=str(version or served), evidence=_vouching_output(folder, given))
-            cluster_folder = write_manifests(beside, config.name, cluster)
-        except Exception as exc:
+        except FileExistsError as exc:  # the model's folder there is not temper's
+            raise RecipeError(str(dest), "--dest", str(exc)) from None
+        except OSError as exc:  # a full disk (exit 3), a folder this user cannot write
+            raise unwritable(dest, "--dest", exc, "the repository") from exc
+        except Exception as exc:  # not a bundle, a bad --kind
             raise RecipeError(model, "MODEL", first_line(exc)) from exc
+        try:
+            cluster_folder = write_manifests(beside, config.name, cluster)
+        except OSError as exc:
+            raise unwritable(beside, "--manifests", exc, "the manifests") from exc
     _warn(unchecked)  # once it is done: an error stays the one line it is
     out.print(Text(f"wrote Triton model {written.name} to {dest}:"), soft_wrap=True)
     for item in sorted(written.rglob("*")):
@@ -271,6 +288,18 @@ def _unowned(flag: str, given: Path, folder: Path | None = None, only: str | Non
     if (above := owned_above(given)) is not None:
         raise RecipeError(str(given), flag, f"lies in {above[0]}, which {WRITERS[above[1]]} wrote and may "
                                             "replace whole: choose a folder outside it")
+
+
+def _can_hold(flag: str, folder: Path) -> None:
+    """Refuse a destination folder that is a file, lies under one, or cannot be written by this user."""
+    blocker = next((p for p in (folder, *folder.absolute().parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        where = "is a file" if blocker == folder else f"lies under {blocker}, a file"
+        raise RecipeError(str(folder), flag, f"{where}, not a folder: choose another folder")
+    existing = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RecipeError(str(folder), flag, f"cannot be written ({existing} is not writable by this user); "
+                                             "choose a folder you can write")
 
 
 def _warn(text: str | None) -> None:

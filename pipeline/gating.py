@@ -73,7 +73,7 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
 
     precheck(runner)
     spec, loaded = runner.recipe.validation, runner.loaded
-    done = []
+    done = _step_needs(runner)
     data, baseline = runner.recipe.data, runner.baseline()[-1].path
     if data.evaluation is not None or data.calibration is not None:
         layout = runner.layout(baseline)  # runs it on a real batch: RecipeError naming the input when it cannot
@@ -108,6 +108,30 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
             raise EnvironmentProblem(str(exc)) from exc
         done.append(f"publish: MLflow store {tracking_uri(tracking)} answers")
     return done
+
+
+def _step_needs(runner: Runner) -> list[str]:
+    """What each quantize step needs of this host and of the recipe's inputs (its backend installed, inputs
+    ModelOpt can calibrate), before any step is built: a run would otherwise fail on it after the others."""
+    from temper.artifacts.errors import OptionError
+    from temper.pipeline.step_options import QuantizeOptions
+    from temper.pipeline.steps.quantize.quantize import BACKENDS
+    from temper.pipeline.steps.quantize.quantize import preflight as quantize_preflight
+
+    recipe, file = runner.recipe, runner.loaded.file
+    steps = [(f"steps[{i}]", s) for i, s in enumerate(recipe.steps)]
+    for name, candidate in recipe.candidates.items():
+        steps += [(f"candidates.{name}.steps[{i}]", s) for i, s in enumerate(candidate.steps)]
+    backends = set()
+    for where, step in steps:
+        if isinstance(step.options, QuantizeOptions):
+            try:
+                quantize_preflight(step.options, runner.input_layout)
+            except OptionError as exc:
+                raise RecipeError(file, f"{where}.{step.name}.{exc.key}", exc.message) from None
+            backends.add(step.options.backend)
+    return [f"quantize backends installed here: {', '.join(BACKENDS[b] for b in sorted(backends))}"] if backends \
+        else []
 
 
 def from_run(runner: Runner, result: RunResult) -> Subject:

@@ -34,6 +34,19 @@ from temper.pipeline.steps.quantize import (
 BACKENDS = {"ort": "ONNX Runtime's quantizer", "modelopt": "ModelOpt", "nncf": "NNCF"}
 
 
+def preflight(options: QuantizeOptions, layout: Layout) -> None:
+    """What a quantize step needs of this host and of the recipe's inputs, known before anything is built
+    (`temper check`, `temper run`'s pre-flight): EnvironmentProblem for a backend that is not installed,
+    OptionError("backend") for ModelOpt on inputs it cannot calibrate."""
+    if options.backend == "modelopt":
+        quantize_modelopt.require()
+        problem = quantize_modelopt.layout_problem(layout)
+        if problem:
+            raise OptionError("backend", problem)
+    elif options.backend == "nncf":
+        quantize_nncf.require()
+
+
 class Quantize(Step[QuantizeOptions]):
     """INT8 quantization; static modes calibrate on the recipe's calibration set."""
 

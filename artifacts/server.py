@@ -25,7 +25,7 @@ Status codes, each with a body {"error": "<one line>"} and the server serving on
        Inf in a float input; batch over max_batch_size; a corrupt compressed body; a shared memory
        region not registered, an offset or size past its end, or shared memory while it is off
   403  the shared-memory routes while client shared memory is off (`--allow-client-shm` turns it on)
-  404  unknown model, version or path        405  wrong method
+  404  unknown model, version or path        405  wrong method (HEAD is GET without the body)
   413  body larger than `max_body_bytes` (refused from Content-Length, before reading it), or
        inflating to more than that
   415  a Content-Encoding other than gzip, deflate or identity
@@ -148,7 +148,7 @@ class InferenceServer:
             status, headers, body = await self._handle(scope, receive)
             headers.append((b"content-length", str(len(body)).encode()))
             await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
 
@@ -323,7 +323,8 @@ class InferenceServer:
 
 
 def _allow(method: str, allowed: str) -> None:
-    if method != allowed:
+    """HEAD is GET without the body (RFC 9110): load balancers and probes ask it."""
+    if method != allowed and not (method == "HEAD" and allowed == "GET"):
         raise HttpError(405, f"method {method} not allowed here; use {allowed}")
 
 

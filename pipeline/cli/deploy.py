@@ -20,7 +20,7 @@ from rich.text import Text
 
 from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line, unwritable
 from temper.artifacts.triton_cluster import IMAGE, STORAGE_URI
-from temper.pipeline.cli.common import TrackingOpt, app, err, number, out
+from temper.pipeline.cli.common import TrackingOpt, app, err, folder_option, number, out
 from temper.pipeline.cli.serving import PULL_AGAIN
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def promote(
 @app.command()
 def pull(
     uri: Annotated[str, typer.Argument(help="models:/NAME@ALIAS or models:/NAME/VERSION")],
-    dest: Annotated[Path, typer.Option("--dest", help="folder to write the serving bundle into")],
+    dest: Annotated[Path, folder_option("--dest", help="folder to write the serving bundle into")],
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Download a registered version's serving bundle (model, runtime config, report, manifest) for deployment,
@@ -178,7 +178,7 @@ def export_triton(
     model: Annotated[str, typer.Argument(
         help="what `temper serve` takes: a serving bundle folder, a run's output folder (its selected model) or "
              "OUTPUT/CANDIDATE, or models:/NAME@ALIAS or models:/NAME/VERSION", show_default=False)],
-    dest: Annotated[Path, typer.Option("--dest", help="Triton model repository to write into")],
+    dest: Annotated[Path, folder_option("--dest", help="Triton model repository to write into")],
     instances: Annotated[int, number("--instances", "model instances per device", 1, 2**31 - 1)] = 1,
     kind: Annotated[str, typer.Option("--kind", help="KIND_AUTO, KIND_GPU or KIND_CPU; the cluster's pods ask for "
                                                      "one GPU unless KIND_CPU")] = "KIND_AUTO",
@@ -186,9 +186,10 @@ def export_triton(
     storage_uri: Annotated[str, typer.Option(
         "--storage-uri", help="where the cluster finds this repository: pvc://CLAIM, s3://BUCKET or gs://BUCKET, "
                               "each with an optional /PATH")] = STORAGE_URI,
-    manifests: Annotated[Path | None, typer.Option(
-        "--manifests", help="folder for the Kubernetes and KServe manifests, one subfolder per model (default: "
-                            "DEST-kubernetes, beside DEST; never DEST, in it or around it)",
+    manifests: Annotated[Path | None, folder_option(
+        "--manifests",
+        help="folder for the Kubernetes and KServe manifests, one subfolder per model (default: DEST-kubernetes, "
+             "beside DEST; never DEST, in it or around it)",
         show_default=False)] = None,
     version: Annotated[int | None, number(
         "--version", "the version folder to write (beside those already there); default: the registry version of "

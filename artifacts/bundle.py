@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from temper.artifacts.engines import Settings
 from temper.artifacts.engines.providers import Provider
+from temper.artifacts.errors import RequestError
 from temper.artifacts.host import HostProfile
 from temper.artifacts.layout import Layout, default_axes
 
@@ -99,6 +100,25 @@ class ServingConfig(BaseModel):
         description="library versions the bundle's gates ran on (onnxruntime, or onnxruntime-gpu for the CUDA "
                     "build, onnx, numpy, temper-ml); serving warns when it runs on others",
     )
+
+    def max_rows(self) -> int:
+        """The most rows one request may hold: max_batch_size, or less where an input fixes its batch dim."""
+        fixed = [s.shape[s.batch_axis] for s in self.inputs if s.batch_axis is not None and s.shape[s.batch_axis] > 0]
+        return min([self.max_batch_size, *fixed])
+
+    def check_shape(self, name: str, shape: list[int], max_rows: int | None) -> None:
+        """RequestError unless input `name` (known) of `shape` fits the model: its rank, its fixed dims, at most
+        `max_rows` rows on its batch axis (None: any). A server asks before it reads a tensor's bytes (from client
+        shared memory: a request of a few hundred bytes may name a region of gigabytes)."""
+        spec = next(s for s in self.inputs if s.name == name)
+        if len(shape) != len(spec.shape):
+            raise RequestError(f"input {name!r} has shape {list(shape)}, expected rank {len(spec.shape)} like "
+                               f"{spec.shape}")
+        for axis, (got, want) in enumerate(zip(shape, spec.shape)):
+            if axis != spec.batch_axis and want > 0 and got != want:
+                raise RequestError(f"input {name!r} has shape {list(shape)}, expected {spec.shape} (-1 = any)")
+        if max_rows is not None and spec.batch_axis is not None and shape[spec.batch_axis] > max_rows:
+            raise RequestError(f"{shape[spec.batch_axis]} rows exceed max_batch_size {max_rows}")
 
     def layout(self) -> Layout:
         """The batch axes and constants of the model's tensors, as the batcher joins and splits requests."""

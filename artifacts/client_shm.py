@@ -8,9 +8,13 @@ parameters. Off unless `temper serve --allow-client-shm`, as in Triton (`--allow
 a region lets whoever can reach the port make the server read and write that memory.
 
 Every access is bounds-checked: against the registered region, and against the object's size at
-that moment (a client that shrinks its object would otherwise crash the server with SIGBUS when a
-mapped page past the end is touched; a shrink racing a copy is the one case left, as in Triton).
-Only regular files directly under /dev/shm are opened, never created, never through a symlink.
+that moment. A request's shapes are checked against the model before a byte of a region is read
+(a request of a few hundred bytes may name a region of gigabytes), and only the bytes its shape
+needs are read. The server never maps a region: it reads and writes through the object's descriptor
+(pread/pwrite), so a client that shrinks its object while a request reads it makes that read come up
+short, refused in one line, where touching a mapped page past the end would end the whole server with
+SIGBUS (as it does Triton, which maps). Only regular files directly under /dev/shm are opened, never
+created, never through a symlink.
 Inputs are copied out of the region before they queue and outputs copied into it after the run, so
 a region may be unregistered (or the client die) while a request that used it is in flight.
 Regions are unmapped and their descriptors closed on unregister and when the server stops.
@@ -20,7 +24,6 @@ CUDA shared memory is refused: this server runs no GPU memory of its own to shar
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 import stat
@@ -63,24 +66,40 @@ class _Region:
     key: str
     offset: int  # into the object
     byte_size: int
-    mapped: mmap.mmap  # from `start`, the page boundary at or before `offset`
-    start: int
+    fd: int  # the object's descriptor: every copy is a pread or pwrite on it, never a mapping
 
-    def span(self, target: Target, where: str) -> tuple[int, int]:
-        """The [begin, end) of `target` inside the mapping, after both bounds checks."""
+    def span(self, target: Target, where: str) -> int:
+        """Where `target` starts in the object, after both bounds checks."""
         if target.offset + target.byte_size > self.byte_size:
             raise ShmError(f"{where}: shared_memory_offset {target.offset} + shared_memory_byte_size "
                            f"{target.byte_size} is past the end of region '{self.name}' ({self.byte_size} bytes)")
         needed = self.offset + self.byte_size
-        size = self.mapped.size()  # the object's size now (fstat on the mapping's own descriptor)
+        size = os.fstat(self.fd).st_size  # the object's size now
         if size < needed:
-            raise ShmError(f"{where}: the object behind region '{self.name}' (key '{self.key}') shrank to {size} "
-                           f"bytes, under the {needed} the region was registered with; register it again")
-        begin = self.offset - self.start + target.offset
-        return begin, begin + target.byte_size
+            raise ShmError(self._shrank(where, size, needed))
+        return self.offset + target.offset
+
+    def read_into(self, where: str, buffer: memoryview, at: int) -> None:
+        """Fill `buffer` from the object at `at`; a read that comes up short (the object shrank meanwhile)
+        is refused."""
+        done = 0
+        while done < len(buffer):
+            got = os.preadv(self.fd, [buffer[done:]], at + done)
+            if got == 0:
+                raise ShmError(self._shrank(where, os.fstat(self.fd).st_size, self.offset + self.byte_size))
+            done += got
+
+    def write_from(self, data: memoryview, at: int) -> None:
+        done = 0
+        while done < len(data):  # past a shrunk object's end, the write grows it again: nothing faults
+            done += os.pwrite(self.fd, data[done:], at + done)
+
+    def _shrank(self, where: str, size: int, needed: int) -> str:
+        return (f"{where}: the object behind region '{self.name}' (key '{self.key}') shrank to {size} bytes, "
+                f"under the {needed} the region was registered with; register it again")
 
     def close(self) -> None:
-        self.mapped.close()  # unmaps, and closes the descriptor mmap keeps
+        os.close(self.fd)
 
 
 class ClientRegions:
@@ -157,10 +176,11 @@ class ClientRegions:
         if target.byte_size != count * dtype.itemsize:
             raise ShmError(f"{where}: shared_memory_byte_size {target.byte_size} does not match its shape and "
                            f"datatype ({count * dtype.itemsize} bytes)")
+        array = np.empty(count, dtype=dtype)
         with self._lock:
             region = self._region(where, target)
-            begin, end = region.span(target, where)
-            return np.frombuffer(region.mapped[begin:end], dtype=dtype, count=count)
+            region.read_into(where, array.data.cast("B"), region.span(target, where))
+        return array
 
     def check(self, where: str, target: Target) -> None:
         """ShmError unless `target` is inside a registered region: before the run, so a request that
@@ -178,8 +198,7 @@ class ClientRegions:
                            f"({data.nbytes} bytes, shape {list(array.shape)})")
         with self._lock:
             region = self._region(where, target)
-            begin, _ = region.span(target, where)
-            region.mapped[begin:begin + data.nbytes] = data.reshape(-1).view(np.uint8).data
+            region.write_from(data.reshape(-1).view(np.uint8).data, region.span(target, where))
         return data.nbytes
 
     def close(self) -> None:
@@ -215,11 +234,7 @@ def _open(name: str, key: str, offset: int, byte_size: int, path: str) -> _Regio
         if offset + byte_size > info.st_size:
             raise ShmError(f"region '{name}': offset {offset} + byte_size {byte_size} is past the end of the "
                            f"object behind key '{key}' ({info.st_size} bytes)")
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        mapped = mmap.mmap(fd, offset + byte_size - start, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
-                           offset=start)
-    except OSError as exc:  # mmap's own refusals (no memory, a size the kernel will not map)
-        raise ShmError(f"region '{name}': cannot map key '{key}': {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)  # mmap holds a duplicate of its own
-    return _Region(name, key, offset, byte_size, mapped, start)
+    except BaseException:
+        os.close(fd)
+        raise
+    return _Region(name, key, offset, byte_size, fd)

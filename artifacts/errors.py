@@ -38,6 +38,30 @@ def close_names(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return difflib.get_close_matches(name, list(choices), n=n)
 
 
+class Interrupted(BaseException):
+    """Ctrl-C or SIGTERM (a CI cancel), raised by the CLI's signal handler. Not a KeyboardInterrupt: typer
+    turns that into a silent exit 130 and user-code guards into a bad-input error; this one reaches the
+    CLI's main() through every finally block, with the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def reraise_interrupt(exc: BaseException) -> None:
+    """Raise the interrupt `exc` was raised while handling, if any. A library interrupted half-way may fail
+    on its own way out (torch's exporter: a half-imported module's AttributeError, then TorchExportError),
+    and whoever turns that failure into a StepFailed or a one-line error would report an interrupt as a
+    broken model."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if isinstance(link, Interrupted):
+            raise link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+
+
 class TemperError(Exception):
     """Base class: `exit_code` is what the CLI returns, `str(err)` the one line it prints."""
 
@@ -108,7 +132,7 @@ class RequestError(ValueError):
 
 
 class Overloaded(RuntimeError):
-    """Queue full (HTTP 503, gRPC RESOURCE_EXHAUSTED)."""
+    """Queue full (HTTP 503, gRPC UNAVAILABLE, as Triton)."""
 
 
 class RequestTimeout(TimeoutError):

@@ -1,6 +1,8 @@
 """Which folders temper may delete. A folder temper hands over (a run's output, a pulled bundle, a Triton
 model) carries a marker that proves temper wrote it; nothing without one is ever replaced. A working folder (staging,
-scratch) carries its process id in its name, so a later run removes those of dead runs, never a live one's.
+scratch) has a lock file beside it that its process holds (flock) while it lives, so a later run removes those of
+dead runs, never a live one's, even one in another PID namespace (two CI containers sharing a workspace) whose
+process id means nothing here. The process id in its name is only for folders of a temper from before the locks.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+
+try:
+    import fcntl
+except ImportError:  # Windows: liveness by process id alone
+    fcntl = None  # type: ignore[assignment]
 
 MARKER = ".temper-output"
 
@@ -113,6 +120,7 @@ def swap_in(staging: Path, target: Path) -> None:
         if old.exists() and not target.exists():
             os.replace(old, target)
         raise
+    release(staging)  # the working folder is the target now: its lock goes
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -146,27 +154,90 @@ def copy_into(source: Path, dest: Path, *, link: bool = False, skip: Callable[[P
         shutil.copy2(item, target, follow_symlinks=False)
 
 
+LOCK = ".lock"  # beside each working folder: <folder>.lock, held by its process while it lives
+_held: dict[Path, int] = {}  # this process's working folders -> their locks' descriptors
+
+
 def claim(parent: Path, prefix: str, mode: int = 0o777) -> Path:
-    """A new folder `<prefix><pid>-<random>` in `parent`. Made by mkdir, so the umask applies to `mode`
-    (tempfile.mkdtemp's 0700 would hide an output folder from a CI uploader running as another user)."""
+    """A new folder `<prefix><pid>-<random>` in `parent`, its lock file made and held first (so no sweep ever
+    sees the folder unlocked while this process lives). Made by mkdir, so the umask applies to `mode`
+    (tempfile.mkdtemp's 0700 would hide an output folder from a CI uploader running as another user).
+    `release` (or `discard`) lets the lock go once the folder is gone or swapped into place."""
     while True:
         folder = parent / f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
+        lock = folder.with_name(folder.name + LOCK)
         try:
-            folder.mkdir(mode=mode)
-            return folder
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)  # others may open it to test the lock
         except FileExistsError:
             continue
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            folder.mkdir(mode=mode)
+        except BaseException:
+            os.close(fd)
+            lock.unlink(missing_ok=True)
+            raise
+        _held[folder] = fd
+        return folder
+
+
+def release(folder: Path) -> None:
+    """Let go of the lock `claim` took for `folder` (gone, or swapped into place under another name)."""
+    fd = _held.pop(folder, None)
+    if fd is not None:
+        folder.with_name(folder.name + LOCK).unlink(missing_ok=True)
+        os.close(fd)
+
+
+def discard(folder: Path) -> None:
+    """Remove a working folder `claim` made, then its lock."""
+    shutil.rmtree(folder, ignore_errors=True)
+    release(folder)
 
 
 def sweep(parent: Path, prefix: str) -> None:
-    """Remove the folders `claim` made in `parent` for processes that no longer run (a SIGKILL, a power
-    cut); a live process's folders, this one's included, are left alone."""
+    """Remove the working folders `claim` made in `parent` whose process has ended (a SIGKILL, a power cut):
+    those whose lock is free. A live process's folders, this one's included, are left alone wherever that
+    process runs (its lock is held); a folder of a temper from before the locks goes when no process of its id
+    runs here. Lock files left without their folder go too."""
     owner = re.compile(re.escape(prefix) + r"(\d+)-")
     try:
         entries = list(parent.iterdir())
     except OSError:
         return
     for entry in entries:
+        if entry.name.endswith(LOCK) and owner.match(entry.name.removesuffix(LOCK)):
+            folder = entry.with_name(entry.name.removesuffix(LOCK))
+            if not folder.exists():
+                _remove_if_free(entry, None)
+            continue
         found = owner.match(entry.name)
-        if found and not psutil.pid_exists(int(found[1])) and entry.is_dir() and not entry.is_symlink():
+        if not found or not entry.is_dir() or entry.is_symlink() or entry in _held:
+            continue
+        lock = entry.with_name(entry.name + LOCK)
+        if fcntl is not None and lock.exists():
+            _remove_if_free(lock, entry)
+        elif not psutil.pid_exists(int(found[1])):
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def _remove_if_free(lock: Path, folder: Path | None) -> None:
+    """Remove `folder` (when given), then `lock`, if no live process holds `lock`."""
+    assert fcntl is not None
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:  # gone meanwhile, or another user's: not ours to judge
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: its process lives
+        os.close(fd)
+        return
+    try:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        if folder is None or not folder.exists():
+            lock.unlink(missing_ok=True)
+    finally:
+        os.close(fd)

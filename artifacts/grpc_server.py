@@ -11,8 +11,9 @@ trace, log settings) answer UNIMPLEMENTED from the base class.
 Behind it are the same models as the REST server (artifacts/models.py): per model one batcher, one bounded
 queue, one set of metrics. It runs on gRPC's own thread pool, not on uvicorn's event loop (which server.py owns):
 each in-flight RPC holds a pool thread that blocks on its Runtime future, so concurrent RPCs
-reach the batcher together and share batches. The pool admits max_queue + max_batch_size RPCs,
-what the Runtime can hold queued and running; gRPC refuses more with RESOURCE_EXHAUSTED.
+reach the batcher together and share batches. The pool has threads for what the Runtimes can hold
+queued and running and for the calls allowed to wait for their message (artifacts/grpc_limits.py);
+calls past that queue for a thread, as Triton's do, and the Runtime's queue refuses what it cannot hold.
 
 Status codes, each with a one-line message; the server keeps serving afterwards:
   INVALID_ARGUMENT    bytes that are not the RPC's protobuf message; unknown, missing or repeated input;
@@ -25,8 +26,9 @@ Status codes, each with a one-line message; the server keeps serving afterwards:
                       stopped (`temper serve` shutting down stops it before this server), or the worker
                       process running the request's batch died (not retried: artifacts/workers.py), or the model
                       was unloaded while the request waited; load or unload in model control mode none
-  RESOURCE_EXHAUSTED  too many RPCs in flight, message over the size limit (gRPC's own answers)
-  CANCELLED           the request message did not arrive within the receive deadline (artifacts/grpc_limits.py)
+  RESOURCE_EXHAUSTED  message over the size limit (gRPC's own answer)
+  CANCELLED           the request message did not arrive within the receive deadline, or before as many later
+                      calls waited for theirs as the bound allows (artifacts/grpc_limits.py); counted OTHER
   DEADLINE_EXCEEDED   the client's own deadline passed first
   PERMISSION_DENIED   a shared-memory RPC while client shared memory is off (`--allow-client-shm`)
   INTERNAL            the engine itself failed
@@ -56,7 +58,7 @@ from temper.artifacts.bundle import TensorSpec
 from temper.artifacts.client_shm import ClientRegions, ShmError, Target
 from temper.artifacts.counters import OTHER
 from temper.artifacts.errors import InstanceLost, Overloaded, RequestError, RequestTimeout, Stopped
-from temper.artifacts.grpc_limits import IDLE_S, RECEIVE_TIMEOUT_S, ReceiveDeadline, options
+from temper.artifacts.grpc_limits import IDLE_S, RECEIVE_TIMEOUT_S, ReceiveDeadline, most_waiting, options, pool_size
 from temper.artifacts.models import Loaded, Models
 from temper.artifacts.protocol import DATATYPES, VERSION, WIRE
 from temper.artifacts.repository import ModelNotServed
@@ -239,8 +241,10 @@ class InferenceService(RepositoryRpcs, SharedMemoryRpcs, pb_grpc.GRPCInferenceSe
                     raise _invalid(f"input '{name}' names a shared memory region and also has contents; "
                                    "send one or the other")
                 try:
+                    config = model.runtime.config  # the shape against the model before a byte of the region is read
+                    config.check_shape(name, shape, model.runtime.max_rows)
                     array = self.regions.read(f"input '{name}'", target, dtype, count)
-                except ShmError as exc:
+                except RequestError as exc:  # ShmError among them
                     raise _invalid(str(exc)) from None
             elif raw:
                 if tensor.HasField("contents"):
@@ -302,11 +306,10 @@ class GrpcServer:
         # what the models can hold queued and running, and SPARE more that they answer at once (queue full)
         in_flight = service.models.capacity() + SPARE_RPCS
         # outermost first: the receive deadline holds the call until its message came, then Unparsable parses it
-        self.receiving = ReceiveDeadline(service.late, receive_timeout_s)
-        self.server = grpc.server(
-            concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="temper-grpc"),
+        self.receiving = ReceiveDeadline(service.late, receive_timeout_s, most_waiting(in_flight))
+        self.server = grpc.server(  # no maximum_concurrent_rpcs: calls past the threads queue (grpc_limits.py)
+            concurrent.futures.ThreadPoolExecutor(pool_size(in_flight), thread_name_prefix="temper-grpc"),
             interceptors=[self.receiving, Unparsable(service.refused)],
-            maximum_concurrent_rpcs=in_flight,
             options=[("grpc.max_receive_message_length", max_message_bytes),
                      ("grpc.so_reuseport", 0),  # a port in use fails here instead of being shared
                      *options(in_flight, idle_s)],  # artifacts/grpc_limits.py

@@ -11,7 +11,7 @@ import contextlib
 import io
 import logging
 import os
-import shutil
+import sqlite3
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -29,6 +29,7 @@ from temper.artifacts.folders import (
     WRITERS,
     claim,
     copy_into,
+    discard,
     mark,
     owned_above,
     owner,
@@ -55,6 +56,38 @@ def connect(flag: str | None) -> MlflowClient:
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     return MlflowClient(uri, uri)
+
+
+def open_store(flag: str | None) -> MlflowClient:
+    """A client of the store that answers now, or StoreUnreachable at once: every command that reads or
+    writes the registry opens it here. MLflow retries an sqlite file it cannot open for about 100 s
+    (create_sqlalchemy_engine_with_retry) and its client opens the store as it is built, so a folder, a
+    file that is not a database or a path under a file is found by opening it first, directly."""
+    uri = tracking_uri(flag)
+    try:
+        _probe_sqlite(uri)
+        client = connect(flag)
+        reachable(client)
+    except Exception as exc:  # refused, unknown host, timeout, a store file or folder it cannot open
+        raise StoreUnreachable(f"the MLflow store {uri} does not answer ({_first_line(exc)}): "
+                               "start it, or pass --tracking-uri") from exc
+    return client
+
+
+def _probe_sqlite(uri: str) -> None:
+    """Raise unless the sqlite file `uri` names can be opened, or created where it is missing."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder, not an sqlite database file")
+    if path.exists():
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)) as db:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # "file is not a database", unreadable
+        return
+    above = next(p for p in path.absolute().parents if p.exists())  # MLflow creates the folders below it
+    if not above.is_dir() or not os.access(above, os.W_OK | os.X_OK):
+        raise NotADirectoryError(f"{path} cannot be created: {above} is not a writable folder")
 
 
 def reachable(client: MlflowClient) -> None:
@@ -244,12 +277,7 @@ def _fetch(uri: str, tracking: str | None, dest: Path, download: Callable[[Model
     if (above := owned_above(dest)) is not None:  # lost when the command that owns that folder replaces it
         raise FolderInUse(f"{dest} lies in {above[0]}, which {WRITERS[above[1]]} wrote and may replace whole: "
                           "choose a folder outside it")
-    client = connect(tracking)
-    try:
-        reachable(client)
-    except Exception as exc:  # refused, unknown host, timeout, a store file it cannot open
-        raise StoreUnreachable(f"the MLflow store {tracking_uri(tracking)} does not answer ({_first_line(exc)}): "
-                               "start it, or pass --tracking-uri") from exc
+    client = open_store(tracking)
     dest = dest.resolve()
     try:
         found = _resolve_version(client, uri)
@@ -266,7 +294,7 @@ def _fetch(uri: str, tracking: str | None, dest: Path, download: Callable[[Model
                 raise NoSuchModel(_first_line(exc)) from exc
             _deliver(source, staging, dest, f"models:/{found.name}/{found.version}", holds)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        discard(staging)
     return Fetched(found.name, str(found.version), dest, dict(found.tags), found.run_id or "")
 
 

@@ -76,6 +76,7 @@ class RestCodec:
         self.name, self.version = config.name, version
         self.regions = regions if regions is not None else ClientRegions()
         self.max_body_bytes = max_body_bytes
+        self.config, self.max_rows = config, config.max_rows()
         self.inputs = {spec.name: spec for spec in config.inputs}
         self.outputs = [spec.name for spec in config.outputs]
         self.timeout_s = config.timeout_s
@@ -121,13 +122,13 @@ class RestCodec:
                 if size is not None or "data" in item:
                     raise RequestError(f"input '{name}' names a shared memory region and also carries data; "
                                        "send one or the other")
+                self.config.check_shape(name, shape, self.max_rows)  # before a byte of the region is read
                 array = self.regions.read(f"input '{name}'", target, dtype, count)
             elif size is None:
                 if "data" not in item:
                     raise RequestError(f"input '{name}' has neither data nor parameters.binary_data_size")
                 try:
-                    with np.errstate(over="ignore"):  # a float past its dtype's range: Inf, refused below
-                        array = np.asarray(item["data"], dtype=dtype)
+                    array = _json_data(item["data"], dtype)
                 except (ValueError, TypeError, OverflowError) as exc:
                     raise RequestError(f"input '{name}': data is not {datatype}: {exc}") from None
                 if array.size != count:
@@ -280,3 +281,24 @@ def _binary_size(item: dict) -> int | None:
     if type(size) is not int or size < 0:
         raise RequestError(f"input '{item['name']}': binary_data_size must be a non-negative integer, got {size!r}")
     return size
+
+
+_TAKES = {"f": "iuf", "i": "iu", "u": "iu", "b": "b"}  # what JSON values each datatype's kind takes, as Triton
+_JSON = {"b": "true/false", "U": "strings", "S": "strings", "f": "fractional numbers", "i": "integers",
+         "u": "integers", "O": "values of mixed kinds"}
+
+
+def _json_data(data: object, dtype: np.dtype) -> np.ndarray:
+    """JSON `data` as `dtype`, refused (ValueError) unless its values are of the datatype's kind: numbers for
+    FP32 (not true/false, not "0.5"), integers in range for the integer types, true/false for BOOL."""
+    given = np.asarray(data)
+    if given.dtype.kind == "O" and dtype.kind == "f" and all(v is None or type(v) in (int, float) for v in given.flat):
+        given = given.astype(np.float64)  # null among numbers: NaN, refused by the caller as JSON cannot carry it
+    if given.size and given.dtype.kind not in _TAKES[dtype.kind]:
+        raise ValueError(f"JSON {_JSON.get(given.dtype.kind, given.dtype.name)} given")
+    if given.size and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if given.min() < info.min or given.max() > info.max:
+            raise ValueError(f"a value past its range [{info.min}, {info.max}]")
+    with np.errstate(over="ignore"):  # a float past its dtype's range: Inf, refused by the caller
+        return given.astype(dtype, copy=False)

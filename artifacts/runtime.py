@@ -87,7 +87,7 @@ class Runtime:
         fixed_batch = {s.shape[s.batch_axis] for s in self.config.inputs
                        if s.batch_axis is not None and s.shape[s.batch_axis] > 0}
         self._fixed_batch = min(fixed_batch) if fixed_batch else None
-        self.max_rows = min([self.config.max_batch_size, *fixed_batch])
+        self.max_rows = self.config.max_rows()
         self.host_warning: str | None = _host_warning(self.config.measured_on)  # once: profile() probes the host
         if self.host_warning:
             log.warning("%s: %s", self.config.name, self.host_warning)
@@ -322,13 +322,7 @@ class Runtime:
                 raise RequestError(f"input {name!r} has dtype {array.dtype}, expected {spec.dtype}")
             if finite and array.dtype.kind == "f" and not np.isfinite(array).all():
                 raise RequestError(f"input {name!r} holds NaN or infinite values")
-            if array.ndim != len(spec.shape):
-                raise RequestError(f"input {name!r} has shape {list(array.shape)}, "
-                                   f"expected rank {len(spec.shape)} like {spec.shape}")
-            for axis, (got, want) in enumerate(zip(array.shape, spec.shape)):
-                if axis != spec.batch_axis and want > 0 and got != want:
-                    raise RequestError(f"input {name!r} has shape {list(array.shape)}, "
-                                       f"expected {spec.shape} (-1 = any)")
+            self.config.check_shape(name, list(array.shape), None)  # rows: together, below
             if spec.batch_axis is not None:
                 rows.add(array.shape[spec.batch_axis])
         if len(rows) > 1:

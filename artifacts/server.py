@@ -25,7 +25,7 @@ Status codes, each with a body {"error": "<one line>"} and the server serving on
        Inf in a float input; batch over max_batch_size; a corrupt compressed body; a shared memory
        region not registered, an offset or size past its end, or shared memory while it is off
   403  the shared-memory routes while client shared memory is off (`--allow-client-shm` turns it on)
-  404  unknown model, version or path        405  wrong method
+  404  unknown model, version or path        405  wrong method (HEAD is GET without the body)
   413  body larger than `max_body_bytes` (refused from Content-Length, before reading it), or
        inflating to more than that
   415  a Content-Encoding other than gzip, deflate or identity
@@ -107,6 +107,7 @@ class InferenceServer:
         self.arriving = 0  # infer requests between their last body byte and the runtime; event loop only
         self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="temper-decode")
         self.owns_regions = regions is None  # closed at shutdown here; shared ones by whoever made them
+        self.startup_error: Exception | None = None  # why the startup models did not load, for serve() to raise
         self.regions = regions if regions is not None else ClientRegions()
         self._views: dict[str, tuple[Loaded, RestCodec, bytes]] = {}  # per model loaded: its codec and metadata
         self.server_metadata = encode_json({"name": "temper", "version": VERSION,
@@ -147,7 +148,7 @@ class InferenceServer:
             status, headers, body = await self._handle(scope, receive)
             headers.append((b"content-length", str(len(body)).encode()))
             await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
 
@@ -157,8 +158,9 @@ class InferenceServer:
             if message["type"] == "lifespan.startup":
                 try:
                     await asyncio.to_thread(self.models.start)
-                except Exception as exc:  # noqa: BLE001 - any start-up failure: uvicorn prints it and exits non-zero
-                    await send({"type": "lifespan.startup.failed", "message": f"cannot start: {exc}"})
+                except Exception as exc:  # noqa: BLE001 - any start-up failure: serve() raises it once uvicorn exits
+                    self.startup_error = exc
+                    await send({"type": "lifespan.startup.failed", "message": ""})  # logged by no one
                     return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":  # runtime first: what is queued there gets 503, not 500
@@ -322,7 +324,8 @@ class InferenceServer:
 
 
 def _allow(method: str, allowed: str) -> None:
-    if method != allowed:
+    """HEAD is GET without the body (RFC 9110): load balancers and probes ask it."""
+    if method != allowed and not (method == "HEAD" and allowed == "GET"):
         raise HttpError(405, f"method {method} not allowed here; use {allowed}")
 
 
@@ -346,7 +349,23 @@ def serve(models: Models | Runtime, sock: socket.socket, max_body_bytes: int | N
     """Serve on `sock` (from bind) until interrupted; the startup models warm up before requests are
     answered. uvicorn runs httptools and uvloop (measured 1.38x on a tiny model)."""
     app = InferenceServer(models, max_body_bytes, max_connections, regions=regions)
+    quiet = _StartupFailedLine()  # the caller says why, in one line
+    logging.getLogger("uvicorn.error").addFilter(quiet)
     try:
         uvicorn.Server(app.uvicorn_config()).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on; uvicorn.run() swallows it the same way
         pass
+    except SystemExit:  # uvicorn's exit 3 when the start-up failed: the failure itself is raised below
+        if app.startup_error is None:
+            raise
+    finally:
+        logging.getLogger("uvicorn.error").removeFilter(quiet)
+    if app.startup_error is not None:
+        raise app.startup_error  # a model that cannot load (repository.LoadFailed), as Triton exits on one
+
+
+class _StartupFailedLine(logging.Filter):
+    """Drops uvicorn's "Application startup failed. Exiting.": serve() raises the failure instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "Application startup failed. Exiting."

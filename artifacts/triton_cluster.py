@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from temper.artifacts.capacity import Capacity
-from temper.artifacts.folders import MANIFESTS, MARKER, WRITERS, claim, mark, owner, replaceable, swap_in
+from temper.artifacts.folders import MANIFESTS, MARKER, WRITERS, claim, discard, mark, owner, replaceable, swap_in
 from temper.artifacts.triton import folder_name
 from temper.artifacts.triton_alerts import autoscaler, memory_request, rules
 
@@ -128,7 +127,7 @@ def write_manifests(parent: Path, model: str, cluster: Cluster) -> Path:
         mark(staging, model=model, holds=MANIFESTS)
         swap_in(staging, folder)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        discard(staging)
         raise
     return folder
 

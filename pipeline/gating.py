@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from temper.artifacts.engines.providers import PROVIDERS
-from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line
+from temper.artifacts.errors import EnvironmentProblem, RecipeError
 from temper.artifacts.integrity import Mismatch, check_output, read_manifest
 from temper.pipeline.cache import MODEL_FILE, TUNING_FILE, OutputStore, RecordStore
 from temper.pipeline.loading import LoadedRecipe
@@ -70,12 +70,13 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
     really activates, each batch size fits in memory and in the model, every fidelity slice fits its
     output, and the MLflow store answers. The one home of the pre-flight checks: `temper run` and
     `temper check` call it once. Returns what was checked."""
+    from temper.artifacts.onnx_io import fixed_batch, load_structure
     from temper.pipeline.slice_check import check_slices
     from temper.validators.throughput import fits_in_memory, session_for
 
     precheck(runner)
     spec, loaded = runner.recipe.validation, runner.loaded
-    done = []
+    done = _step_needs(runner)
     data, baseline = runner.recipe.data, runner.baseline()[-1].path
     if data.evaluation is not None or data.calibration is not None:
         layout = runner.layout(baseline)  # runs it on a real batch: RecipeError naming the input when it cannot
@@ -91,8 +92,11 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
             assert runner.evaluation_set is not None  # precheck
             for provider in spec.throughput.providers:
                 session_for(baseline, provider)  # EnvironmentProblem (exit 3) unless it really activates
+            fixed = fixed_batch(load_structure(baseline), runner.layout(baseline))
             for index, size in enumerate(spec.throughput.batch_sizes):
-                problem = fits_in_memory(runner.evaluation_set.features, size)
+                problem = fits_in_memory(runner.evaluation_set.features, size) or (
+                    f"baseline: the model's batch dim is fixed to {fixed}, so batch size {size} cannot run; "
+                    "export the model with a dynamic batch dim" if fixed is not None and size != fixed else None)
                 if problem:
                     raise RecipeError(loaded.file, f"validate.throughput.batch_sizes[{index}]", problem)
             done.append(f"validate.throughput: providers {', '.join(spec.throughput.providers)} active, batch sizes "
@@ -103,15 +107,37 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
                 done.append(f"GPU stack: {nvidia.summary(nvidia.read_facts())}")
     done += check_slices(runner)  # fidelity slices against the baseline's output shapes
     if runner.recipe.publish is not None:
-        from temper.artifacts.registry import connect, reachable, tracking_uri
+        from temper.artifacts.registry import StoreUnreachable, open_store, tracking_uri
 
         try:
-            reachable(connect(tracking))
-        except Exception as exc:  # refused, unknown host, timeout, a file store it cannot open
-            raise EnvironmentProblem(f"the MLflow store {tracking_uri(tracking)} does not answer "
-                                     f"({first_line(exc)}): start it, or pass --tracking-uri") from exc
+            open_store(tracking)
+        except StoreUnreachable as exc:
+            raise EnvironmentProblem(str(exc)) from exc
         done.append(f"publish: MLflow store {tracking_uri(tracking)} answers")
     return done
+
+
+def _step_needs(runner: Runner) -> list[str]:
+    """What each quantize step needs of this host and of the recipe's inputs (its backend installed, inputs
+    ModelOpt can calibrate), before any step is built: a run would otherwise fail on it after the others."""
+    from temper.artifacts.errors import OptionError
+    from temper.pipeline.quantize_backends import BACKENDS, QuantizeCommon
+    from temper.pipeline.steps.quantize.quantize import preflight as quantize_preflight
+
+    recipe, file = runner.recipe, runner.loaded.file
+    steps = [(f"steps[{i}]", s) for i, s in enumerate(recipe.steps)]
+    for name, candidate in recipe.candidates.items():
+        steps += [(f"candidates.{name}.steps[{i}]", s) for i, s in enumerate(candidate.steps)]
+    backends = set()
+    for where, step in steps:
+        if isinstance(step.options, QuantizeCommon):
+            try:
+                quantize_preflight(step.options, runner.input_layout)
+            except OptionError as exc:
+                raise RecipeError(file, f"{where}.{step.name}.{exc.key}", exc.message) from None
+            backends.add(step.options.backend)
+    return [f"quantize backends installed here: {', '.join(BACKENDS[b].label for b in sorted(backends))}"] if backends \
+        else []
 
 
 def from_run(runner: Runner, result: RunResult) -> Subject:

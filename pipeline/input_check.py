@@ -93,6 +93,7 @@ def check_batch(path: Path, layout: Layout, rows: dict[str, np.ndarray], where: 
     feed = layout.feed(_repeat(rows, count))
     for index, spec in enumerate(inputs):
         _fits(spec, index, list(feed[spec.name].shape), graph.get(spec.name, []), count, fixed, path.name, file)
+    _agree(inputs, graph, path.name, file)  # where the count happens to fit a fixed axis that is not the batch
     session = onnx_io.session(path)
     names = [o.name for o in session.get_outputs()]
 
@@ -105,9 +106,12 @@ def check_batch(path: Path, layout: Layout, rows: dict[str, np.ndarray], where: 
             raise RecipeError(file, where, f"the baseline does not run on a batch of {layout.rows(batch)} samples "
                                            f"laid out as model.inputs says: {first_line(exc)}") from exc
 
-    run(feed)
-    if onnx_io.fixed_batch(model, layout) is not None:
-        return layout  # a fixed batch: only one batch size runs, outputs hold their rows on axis 0
+    first = run(feed)
+    if fixed is not None:  # a fixed batch: only one batch size runs, outputs hold their rows on axis 0
+        if fixed > 1:
+            reversed_ = run(layout.feed({name: array[::-1] for name, array in _repeat(rows, fixed).items()}))
+            _holds_samples(inputs, graph, fixed, first, reversed_, path.name, file)
+        return layout
     small, large = (run(layout.feed(_repeat(rows, k))) for k in (2, 3))
     return layout.with_outputs({name: _output_axis(name, list(small[name].shape), list(large[name].shape), file)
                                 for name in names})
@@ -135,6 +139,61 @@ def _fits(spec: InputSpec, index: int, got: list[int], want: list[int | str | No
     raise RecipeError(file, f"model.inputs[{index}].batch_axis",
                       f"'{spec.name}': a batch of {count} samples on batch_axis {axis} is {got}, but {model} "
                       f"takes {want}: {hint} (data rows stay samples first; temper moves them there)")
+
+
+def _agree(inputs: list[InputSpec], graph: dict[str, list[int | str | None]], model: str, file: str) -> None:
+    """Refuse batch axes that hold a fixed dim where another input's batch axis holds another dim: the
+    samples of one batch are the same count on every input, so a fixed one must be that count everywhere."""
+    at = []
+    for index, spec in enumerate(inputs):
+        want = graph.get(spec.name, [])
+        if spec.batch_axis is not None:
+            at.append((index, spec, want[spec.batch_axis] if spec.batch_axis < len(want) else None))
+    if len({dim for _, _, dim in at}) < 2 or not any(isinstance(dim, int) and dim > 0 for _, _, dim in at):
+        return
+    index, spec, dim = next((i, s, d) for i, s, d in at if isinstance(d, int) and d > 0)  # a symbolic one takes any
+    other, other_dim = next((s, d) for _, s, d in at if d != dim)
+    raise RecipeError(file, f"model.inputs[{index}].batch_axis",
+                      f"'{spec.name}': batch_axis {spec.batch_axis} is {dim!r} in {model}, but '{other.name}' holds "
+                      f"the samples on a dim {other_dim!r}: a batch holds as many samples on every input, so "
+                      f"{_where(spec, index, graph.get(spec.name, []))}")
+
+
+def _holds_samples(inputs: list[InputSpec], graph: dict[str, list[int | str | None]], fixed: int,
+                   first: dict[str, np.ndarray], reversed_: dict[str, np.ndarray], model: str, file: str) -> None:
+    """Refuse a fixed batch axis the model does not treat as samples: with its samples reversed, each output
+    that changes must come back with its rows reversed on an axis of `fixed` rows. A fixed dim of some other
+    meaning (features, channels) named as batch_axis fails this: the model then mixes the "samples"."""
+    for name, out in first.items():
+        again = reversed_[name]
+        if _close(out, again) or any(out.shape[axis] == fixed and _close(np.flip(out, axis), again)
+                                     for axis in range(out.ndim)):
+            continue
+        index, spec = next((i, s) for i, s in enumerate(inputs) if s.batch_axis is not None)
+        raise RecipeError(file, f"model.inputs[{index}].batch_axis",
+                          f"'{spec.name}': batch_axis {spec.batch_axis} is {model}'s fixed dim {fixed}, but the "
+                          f"baseline does not treat it as {fixed} samples (with their order reversed, output "
+                          f"'{name}' {list(out.shape)} does not come back with its rows reversed), so "
+                          f"{_where(spec, index, graph.get(spec.name, []))}")
+
+
+def _where(spec: InputSpec, index: int, want: list[int | str | None]) -> str:
+    """How to name the axis that holds the samples."""
+    open_axes = [a for a, w in enumerate(want) if not (isinstance(w, int) and w > 0)]
+    if len(open_axes) == 1 and open_axes[0] != spec.batch_axis:
+        return f"set model.inputs[{index}].batch_axis: {open_axes[0]} (the axis {want} leaves open)"
+    return "set its batch_axis to the axis of the model's shape that holds the samples"
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same output up to float noise (a batch's composition may move the last bits)."""
+    if a.shape != b.shape:
+        return False
+    if a.dtype.kind not in "biufc":
+        return bool(np.array_equal(a, b))
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    scale = float(np.abs(a).max()) if a.size else 0.0
+    return bool(np.allclose(a, b, rtol=1e-4, atol=1e-6 * max(scale, 1.0)))
 
 
 def _output_axis(name: str, small: list[int], large: list[int], file: str) -> int:

@@ -13,7 +13,17 @@ import numpy as np
 from onnx.external_data_helper import _get_all_tensors
 
 from temper.artifacts.errors import RecipeError, first_line, unwritable
-from temper.artifacts.folders import MARKER, claim, copy_into, mark, replaceable, require_writable, swap_in, sweep
+from temper.artifacts.folders import (
+    MARKER,
+    claim,
+    copy_into,
+    discard,
+    mark,
+    replaceable,
+    require_writable,
+    swap_in,
+    sweep,
+)
 from temper.artifacts.host import profile
 from temper.artifacts.layout import Layout
 from temper.artifacts.onnx_io import load_structure
@@ -69,7 +79,7 @@ class OutputFolder:
                               f"not writable ({exc.strerror}); choose a folder you can write") from None
 
     def discard(self) -> None:
-        shutil.rmtree(self.staging, ignore_errors=True)
+        discard(self.staging)
 
     def commit(self, loaded: LoadedRecipe, result: RunResult, reports: Callable[[Path], object] | None = None) -> Path:
         """Copy each final model into the staging folder, write the manifest (and `reports` into the

@@ -12,7 +12,7 @@ from temper.artifacts import bundle, versions
 from temper.artifacts.errors import EnvironmentProblem, first_line
 from temper.artifacts.host import HostProfile
 from temper.artifacts.integrity import sha256_of
-from temper.artifacts.registry import Published, connect, record_run, register
+from temper.artifacts.registry import Published, StoreUnreachable, open_store, record_run, register
 from temper.pipeline.cache import MODEL_FILE
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.outputs import MANIFEST, serving_layout
@@ -69,7 +69,7 @@ def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str
             **{f"{lib}_version": v for lib, v in versions.current().items()},
             **host_tags(host)}
     try:
-        client = connect(tracking)
+        client = open_store(tracking)
         with tempfile.TemporaryDirectory() as tmp:
             model = folder / selected / MODEL_FILE
             tags |= _version_tags(loaded, report, selected, model)
@@ -87,6 +87,8 @@ def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str
         assert model_uri is not None  # a bundle was logged
         return register(client, name=spec.mlflow.registered_model, alias=spec.mlflow.alias, run_id=run_id,
                         model_uri=model_uri, tags=tags)
+    except StoreUnreachable as exc:
+        raise EnvironmentProblem(str(exc)) from exc
     except Exception as exc:  # an unreachable tracking server, a registry that refuses: environment
         raise EnvironmentProblem(f"publishing to MLflow failed: {first_line(exc)}") from exc
 

@@ -6,7 +6,6 @@ goes to an `Observer`) and nothing of validation or publishing, which consume it
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -19,8 +18,8 @@ import onnx
 
 from temper.artifacts import onnx_io
 from temper.artifacts.callables import call_user, load_callable, split_ref
-from temper.artifacts.errors import OptionError, RecipeError, StepFailed, TemperError, first_line
-from temper.artifacts.folders import claim, sweep
+from temper.artifacts.errors import OptionError, RecipeError, StepFailed, TemperError, first_line, reraise_interrupt
+from temper.artifacts.folders import claim, discard, sweep
 from temper.artifacts.integrity import sha256_of
 from temper.artifacts.layout import Layout
 from temper.artifacts.onnx_io import fingerprint
@@ -101,13 +100,13 @@ class Runner:
         self.observer = observer or _Silent()
         self.versions = cache_versions()  # part of every step's key
         temp = Path(tempfile.gettempdir())
-        sweep(temp, SCRATCH)  # what killed runs left; named by process id, so a live run's stays
+        sweep(temp, SCRATCH)  # what killed runs left: a live run holds its lock, wherever it runs
         self.scratch = claim(temp, SCRATCH, mode=0o700)
         self._shared: list[ModelRecord] | None = None  # baseline()'s records, once built
         self._layouts: dict[Path, Layout] = {}
 
     def close(self) -> None:
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        discard(self.scratch)
 
     def __enter__(self) -> Runner:
         return self
@@ -326,9 +325,10 @@ class Runner:
             begin = time.perf_counter()
             try:
                 build(dst, self._context(folder / "work", f"{chain} › {step}"))
-            except TemperError:
-                raise
             except Exception as exc:  # a library failing inside a step: one line, cause kept for --debug
+                reraise_interrupt(exc)  # a library failing on its way out of an interrupt: not the model's fault
+                if isinstance(exc, TemperError):
+                    raise
                 raise StepFailed(f"{step}: {first_line(exc)}") from exc
             seconds = time.perf_counter() - begin
             if not dst.is_file():

@@ -14,9 +14,11 @@ Threads, streams and the performance hint are set, and recorded, the same way.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
@@ -79,7 +81,8 @@ def require() -> ModuleType:
 def devices() -> list[str]:
     """The devices OpenVINO really offers here (empty when openvino is absent)."""
     try:
-        return list(require().Core().available_devices)
+        with _this_threads_signal_stack():  # loading the plugin installs one
+            return list(require().Core().available_devices)
     except EnvironmentProblem:
         return []
 
@@ -105,10 +108,12 @@ class OpenVinoSession:
     def __init__(self, model: Path, settings: OpenVinoSettings) -> None:
         ov = require()
         core = ov.Core()
-        if DEVICE not in core.available_devices:
-            raise EnvironmentProblem(f"OpenVINO offers no {DEVICE} device here (devices: "
-                                     f"{', '.join(core.available_devices) or 'none'})")
-        self._compiled = core.compile_model(core.read_model(str(model)), DEVICE, settings.config())
+        with _this_threads_signal_stack():  # loading the plugin and compiling install one
+            available = core.available_devices
+            if DEVICE not in available:
+                raise EnvironmentProblem(f"OpenVINO offers no {DEVICE} device here (devices: "
+                                         f"{', '.join(available) or 'none'})")
+            self._compiled = core.compile_model(core.read_model(str(model)), DEVICE, settings.config())
         self._request = self._compiled.create_infer_request()
         self._lock = threading.Lock()
         graph = onnx.load(str(model), load_external_data=False).graph
@@ -151,6 +156,31 @@ class OpenVinoSession:
             request.wait()
 
         return call
+
+
+class _SignalStack(ctypes.Structure):
+    _fields_ = [("sp", ctypes.c_void_p), ("flags", ctypes.c_int), ("size", ctypes.c_size_t)]  # stack_t
+
+
+@contextmanager
+def _this_threads_signal_stack() -> Iterator[None]:
+    """Leave the calling thread's alternate signal stack as it was across OpenVINO calls that load its CPU
+    plugin (available_devices, compile_model). The plugin (2026.4) installs one on the thread that loads it
+    and unmaps it when the plugin goes with its last Core and compiled model, which the server frees on
+    another thread (a model stops on a worker thread): the main thread's next signal (uvicorn re-raises the
+    SIGTERM it stopped on) then had no stack to run on, and the kernel ended `temper serve` with SIGSEGV
+    instead of exit 0. Where libc has no sigaltstack (not Linux), nothing is done."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        saved = _SignalStack()
+        kept = libc.sigaltstack(None, ctypes.byref(saved)) == 0
+    except (OSError, AttributeError):
+        kept = False
+    try:
+        yield
+    finally:
+        if kept:
+            libc.sigaltstack(ctypes.byref(saved), None)
 
 
 def _names(ports: list[Any], onnx_names: list[str]) -> list[str]:

@@ -18,7 +18,7 @@ import typer
 from rich.text import Text
 from typer._click.exceptions import NoArgsIsHelpError  # typer bundles click: `click`'s own classes never match
 
-from temper.artifacts.errors import TemperError
+from temper.artifacts.errors import Interrupted, TemperError, reraise_interrupt
 from temper.pipeline.cli import build, deploy, measure  # noqa: F401  (each registers its commands on `app`)
 from temper.pipeline.cli.common import Session, app, err, shown
 
@@ -53,17 +53,8 @@ def _options(
         logging.getLogger(chatty).setLevel(logging.DEBUG if debug else logging.ERROR)
 
 
-class _Interrupted(BaseException):
-    """Ctrl-C or SIGTERM (a CI cancel). Not a KeyboardInterrupt: typer turns that into a silent exit 130
-    and user-code guards into a bad-input error; this one reaches main() through every finally block."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
 def _interrupt(signum: int, frame: object) -> None:
-    raise _Interrupted(signum)
+    raise Interrupted(signum)
 
 
 def main() -> None:
@@ -74,8 +65,12 @@ def main() -> None:
                 if signal.getsignal(each) is not signal.SIG_IGN}  # ignored by the parent (`nohup`, `cmd &`): stays so
     session = Session()
     try:
-        code = app(standalone_mode=False, obj=session)  # returns the code of a typer.Exit raised by a command
-    except _Interrupted as exc:
+        try:
+            code = app(standalone_mode=False, obj=session)  # returns the code of a typer.Exit raised by a command
+        except Exception as exc:  # an interrupt a library turned into an error of its own is still the interrupt
+            reraise_interrupt(exc)
+            raise
+    except Interrupted as exc:
         if session.command == "serve":  # how a server is stopped: it drained and shut down, a normal end
             err.print("stopped")
             sys.exit(0)

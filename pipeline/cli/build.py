@@ -28,6 +28,7 @@ from temper.pipeline.cli.common import (
     absolute,
     app,
     err,
+    folder_option,
     number,
     opens_sessions,
     out,
@@ -94,7 +95,7 @@ def run(
 @opens_sessions
 def validate_cmd(
     recipe: RecipeArg,
-    output: Annotated[Path | None, typer.Option(
+    output: Annotated[Path | None, folder_option(
         "--output", "-o", callback=absolute,
         help="folder an earlier `temper run` wrote (default: out/<recipe name>); with --model, the folder to "
              "download the version's run into and re-gate (default: a temporary one)")] = None,

@@ -55,6 +55,19 @@ def opens_sessions(command: Command) -> Command:
 SESSIONLESS = ("promote", "pull", "export-triton", "schema")  # registry moves, downloads, config files: no session
 
 
+def folder(text: str) -> Path:
+    """A folder flag's value: an empty one is refused, a usage error naming the flag (Path("") is the working
+    folder: `--dest ""` wrote there, as if it had been asked)."""
+    if not text.strip():
+        raise typer.BadParameter("is empty: name a folder ('.' for the working folder)")
+    return Path(text)
+
+
+def folder_option(*flags: str, **options: Any) -> Any:
+    """A folder flag's typer.Option: its value through `folder` (an empty one refused), shown as <path>."""
+    return typer.Option(*flags, parser=folder, metavar="<path>", **options)
+
+
 def absolute(path: Path | None) -> Path | None:
     """A user's path made absolute once, where it enters: steps run libraries inside other working
     folders (static quantization chdirs into its scratch folder), so nothing below may read the cwd."""
@@ -102,13 +115,13 @@ def _plain(bound: float) -> str:
 
 
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
-CacheOpt = Annotated[Path | None, typer.Option(
+CacheOpt = Annotated[Path | None, folder_option(
     "--cache-dir", callback=absolute,
     help="step cache (default: $TEMPER_CACHE_DIR, else the user cache folder, e.g. ~/.cache/temper)")]
 TrackingOpt = Annotated[str | None, typer.Option(
     "--tracking-uri", callback=absolute_store,
     help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")]
-OutputOpt = Annotated[Path | None, typer.Option(
+OutputOpt = Annotated[Path | None, folder_option(
     "--output", "-o", callback=absolute, help="output folder (default: out/<recipe name>)")]
 RequireOpt = Annotated[list[str] | None, typer.Option(
     "--require", help="exit 1 unless this candidate passed every gate (repeatable)")]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from rich.text import Text
 
 from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line, unwritable
 from temper.artifacts.triton_cluster import IMAGE, STORAGE_URI
-from temper.pipeline.cli.common import TrackingOpt, app, err, number, opens_sessions, out
+from temper.pipeline.cli.common import TrackingOpt, app, err, folder_option, number, opens_sessions, out
 from temper.pipeline.cli.serving import PULL_AGAIN
 
 if TYPE_CHECKING:
@@ -37,15 +38,12 @@ def promote(
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Move an alias (e.g. champion) to a registered version."""
-    from temper.artifacts.registry import connect, reachable
-    from temper.artifacts.registry import tracking_uri as resolved
+    from temper.artifacts.registry import StoreUnreachable, open_store
 
-    client = connect(tracking_uri)
     try:  # a store that does not answer is the environment (3), not a wrong NAME (2)
-        reachable(client)
-    except Exception as exc:
-        raise EnvironmentProblem(f"the MLflow store {resolved(tracking_uri)} does not answer ({first_line(exc)}): "
-                                 "start it, or pass --tracking-uri") from exc
+        client = open_store(tracking_uri)
+    except StoreUnreachable as exc:
+        raise EnvironmentProblem(str(exc)) from exc
     steps = (("NAME", lambda: client.get_registered_model(name)),  # each error names the argument that is wrong
              ("VERSION", lambda: client.get_model_version(name, version)),
              ("--alias", lambda: client.set_registered_model_alias(name, alias, version)))
@@ -60,7 +58,7 @@ def promote(
 @app.command()
 def pull(
     uri: Annotated[str, typer.Argument(help="models:/NAME@ALIAS or models:/NAME/VERSION")],
-    dest: Annotated[Path, typer.Option("--dest", help="folder to write the serving bundle into")],
+    dest: Annotated[Path, folder_option("--dest", help="folder to write the serving bundle into")],
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Download a registered version's serving bundle (model, runtime config, report, manifest) for deployment,
@@ -125,6 +123,7 @@ def serve(
     with --grpc-port): dynamic batching, model load and unload, Prometheus /metrics."""
     from temper.artifacts.client_shm import ClientRegions
     from temper.artifacts.http_limits import MIN_BODY_BYTES, body_limit
+    from temper.artifacts.repository import LoadFailed
     from temper.artifacts.server import bind
     from temper.artifacts.server import serve as run_server
     from temper.pipeline.cli.serving import checked_control, loaded_models
@@ -177,6 +176,10 @@ def serve(
                       soft_wrap=True)
         try:
             run_server(models, sock, max_body, max_connections, regions)
+        except LoadFailed as exc:  # a startup model's version cannot be served: the repository's, or this host's
+            if isinstance(exc.__cause__, EnvironmentProblem):
+                raise EnvironmentProblem(str(exc)) from exc
+            raise RecipeError(model, "", str(exc)) from exc
         finally:
             if grpc_server is not None:
                 grpc_server.stop()
@@ -188,7 +191,7 @@ def export_triton(
     model: Annotated[str, typer.Argument(
         help="what `temper serve` takes: a serving bundle folder, a run's output folder (its selected model) or "
              "OUTPUT/CANDIDATE, or models:/NAME@ALIAS or models:/NAME/VERSION", show_default=False)],
-    dest: Annotated[Path, typer.Option("--dest", help="Triton model repository to write into")],
+    dest: Annotated[Path, folder_option("--dest", help="Triton model repository to write into")],
     instances: Annotated[int | None, number(
         "--instances", "model instances per device; default: the bundle's capacity.json choice, else 1", 1,
         2**31 - 1)] = None,
@@ -199,9 +202,10 @@ def export_triton(
     storage_uri: Annotated[str, typer.Option(
         "--storage-uri", help="where the cluster finds this repository: pvc://CLAIM, s3://BUCKET or gs://BUCKET, "
                               "each with an optional /PATH")] = STORAGE_URI,
-    manifests: Annotated[Path | None, typer.Option(
-        "--manifests", help="folder for the Kubernetes and KServe manifests, one subfolder per model (default: "
-                            "DEST-kubernetes, beside DEST; never DEST, in it or around it)",
+    manifests: Annotated[Path | None, folder_option(
+        "--manifests",
+        help="folder for the Kubernetes and KServe manifests, one subfolder per model (default: DEST-kubernetes, "
+             "beside DEST; never DEST, in it or around it)",
         show_default=False)] = None,
     version: Annotated[int | None, number(
         "--version", "the version folder to write (beside those already there); default: the registry version of "
@@ -225,6 +229,7 @@ def export_triton(
         _apart(manifests, dest)
     for flag, parent in (("--dest", dest), ("--manifests", beside)):
         _unowned(flag, parent)
+        _can_hold(flag, parent)  # both before either is written: never a repository without its manifests
     with _located(model, tracking_uri) as (folder, config, unchecked, served):
         given = config
         try:
@@ -238,13 +243,23 @@ def export_triton(
         cluster = replace(cluster, gpu=chosen.gpu, cpus=cpus, capacity=chosen.capacity)
         _unowned("--dest", dest, dest / name, "export-triton")
         _unowned("--manifests", beside, beside / name, "manifests")
-        try:  # not a bundle, a bad --kind, a foreign folder in the way: refused before either folder is written
+        try:  # a foreign folder in the way of the manifests: refused before either folder is written
             writable(beside, config.name)
+        except FileExistsError as exc:
+            raise RecipeError(str(beside), "--manifests", str(exc)) from None
+        try:
             written = export_repository(folder, dest, instances=instances, kind=kind, config=given,
                                         version=str(version or served), evidence=_vouching_output(folder, given))
-            cluster_folder = write_manifests(beside, config.name, cluster)
-        except Exception as exc:
+        except FileExistsError as exc:  # the model's folder there is not temper's
+            raise RecipeError(str(dest), "--dest", str(exc)) from None
+        except OSError as exc:  # a full disk (exit 3), a folder this user cannot write
+            raise unwritable(dest, "--dest", exc, "the repository") from exc
+        except Exception as exc:  # not a bundle, a bad --kind
             raise RecipeError(model, "MODEL", first_line(exc)) from exc
+        try:
+            cluster_folder = write_manifests(beside, config.name, cluster)
+        except OSError as exc:
+            raise unwritable(beside, "--manifests", exc, "the manifests") from exc
     _warn(unchecked)  # once it is done: an error stays the one line it is
     out.print(Text(f"wrote Triton model {written.name} to {dest}:"), soft_wrap=True)
     for item in sorted(written.rglob("*")):
@@ -300,6 +315,18 @@ def _unowned(flag: str, given: Path, folder: Path | None = None, only: str | Non
     if (above := owned_above(given)) is not None:
         raise RecipeError(str(given), flag, f"lies in {above[0]}, which {WRITERS[above[1]]} wrote and may "
                                             "replace whole: choose a folder outside it")
+
+
+def _can_hold(flag: str, folder: Path) -> None:
+    """Refuse a destination folder that is a file, lies under one, or cannot be written by this user."""
+    blocker = next((p for p in (folder, *folder.absolute().parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        where = "is a file" if blocker == folder else f"lies under {blocker}, a file"
+        raise RecipeError(str(folder), flag, f"{where}, not a folder: choose another folder")
+    existing = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RecipeError(str(folder), flag, f"cannot be written ({existing} is not writable by this user); "
+                                             "choose a folder you can write")
 
 
 def _warn(text: str | None) -> None:

@@ -111,12 +111,21 @@ class ModelOpt:
 MODELOPT = ModelOpt()
 
 
+def layout_problem(layout: Layout) -> str | None:
+    """Why ModelOpt cannot calibrate inputs laid out as `layout`, or None: it concatenates and steps through
+    calibration data on axis 0, so a batch axis off 0 or a constant input is out of its reach."""
+    moved = [name for name, axis in layout.inputs.items() if axis != 0]
+    if not moved:
+        return None
+    return (f"backend modelopt calibrates inputs batched on axis 0 only, and '{moved[0]}' "
+            f"{'is a constant' if layout.inputs[moved[0]] is None else 'is not'}: use backend: ort")
+
+
 def quantize(src: Path, dst: Path, options: ModelOptOptions, feeds: list[Batch], scratch: Path, large: bool,
              layout: Layout = AXIS0) -> None:
-    moved = [name for name, axis in layout.inputs.items() if axis != 0]
-    if moved:  # it concatenates and steps through calibration data on axis 0
-        raise StepFailed(f"quantize: backend modelopt calibrates inputs batched on axis 0 only, and '{moved[0]}' "
-                         f"{'is a constant' if layout.inputs[moved[0]] is None else 'is not'}: use backend: ort")
+    problem = layout_problem(layout)
+    if problem:
+        raise StepFailed(f"quantize: {problem}")
     moq = require()
     local = scratch / "modelopt_input.onnx"  # ModelOpt writes its intermediate files beside its input
     onnx_io.save(onnx.load(str(src)), local)

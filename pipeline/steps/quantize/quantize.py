@@ -26,6 +26,7 @@ from temper.pipeline.quantize_backends import (
     OrtOptions,
     QuantizeCommon,
     QuantizeOptions,
+    modelopt,
     ort,
     quantize_static,
 )
@@ -36,6 +37,16 @@ from temper.pipeline.steps.quantize import census_check, fallback
 def _searchable() -> tuple[str, ...]:
     """Every backend's searchable options (each key once, in the registry's order)."""
     return tuple(dict.fromkeys(key for backend in BACKENDS.values() for key in backend.options.searchable))
+
+
+def preflight(options: QuantizeCommon, layout: Layout) -> None:
+    """What a quantize step needs of this host and of the recipe's inputs, known before anything is built
+    (`temper check`, `temper run`'s pre-flight): EnvironmentProblem for a backend that is not installed,
+    OptionError("backend") for ModelOpt on inputs it cannot calibrate."""
+    BACKENDS[options.backend].require()
+    problem = modelopt.layout_problem(layout) if options.backend == modelopt.MODELOPT.name else None
+    if problem:
+        raise OptionError("backend", problem)
 
 
 class Quantize(Step[QuantizeCommon]):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import tempfile
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from rich.text import Text
 from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line, unwritable
 from temper.artifacts.triton_cluster import IMAGE, STORAGE_URI
 from temper.pipeline.cli.common import TrackingOpt, app, err, folder_option, number, opens_sessions, out
+from temper.pipeline.cli.destinations import apart, beside, can_hold, unowned
 from temper.pipeline.cli.serving import PULL_AGAIN
 
 if TYPE_CHECKING:
@@ -224,12 +224,12 @@ def export_triton(
         cluster = Cluster(image, storage_uri)
     except BadSetting as exc:
         raise RecipeError(model, f"--{exc.field.replace('_', '-')}", str(exc)) from None
-    beside = manifests or _beside(dest)
+    kube = manifests or beside(dest)
     if manifests is not None:  # writing either folder would replace or land in the other
-        _apart(manifests, dest)
-    for flag, parent in (("--dest", dest), ("--manifests", beside)):
-        _unowned(flag, parent)
-        _can_hold(flag, parent)  # both before either is written: never a repository without its manifests
+        apart(manifests, dest)
+    for flag, parent in (("--dest", dest), ("--manifests", kube)):
+        unowned(flag, parent)
+        can_hold(flag, parent)  # both before either is written: never a repository without its manifests
     with _located(model, tracking_uri) as (folder, config, unchecked, served):
         given = config
         try:
@@ -241,12 +241,12 @@ def export_triton(
         threads = chosen.config.session.threads if chosen.config.session is not None else 1
         cpus = 1 if chosen.gpu else chosen.instances * threads  # a GPU instance: one core feeds it
         cluster = replace(cluster, gpu=chosen.gpu, cpus=cpus, capacity=chosen.capacity)
-        _unowned("--dest", dest, dest / name, "export-triton")
-        _unowned("--manifests", beside, beside / name, "manifests")
+        unowned("--dest", dest, dest / name, "export-triton")
+        unowned("--manifests", kube, kube / name, "manifests")
         try:  # a foreign folder in the way of the manifests: refused before either folder is written
-            writable(beside, config.name)
+            writable(kube, config.name)
         except FileExistsError as exc:
-            raise RecipeError(str(beside), "--manifests", str(exc)) from None
+            raise RecipeError(str(kube), "--manifests", str(exc)) from None
         try:
             written = export_repository(folder, dest, instances=instances, kind=kind, config=given,
                                         version=str(version or served), evidence=_vouching_output(folder, given))
@@ -257,9 +257,9 @@ def export_triton(
         except Exception as exc:  # not a bundle, a bad --kind
             raise RecipeError(model, "MODEL", first_line(exc)) from exc
         try:
-            cluster_folder = write_manifests(beside, config.name, cluster)
+            cluster_folder = write_manifests(kube, config.name, cluster)
         except OSError as exc:
-            raise unwritable(beside, "--manifests", exc, "the manifests") from exc
+            raise unwritable(kube, "--manifests", exc, "the manifests") from exc
     _warn(unchecked)  # once it is done: an error stays the one line it is
     out.print(Text(f"wrote Triton model {written.name} to {dest}:"), soft_wrap=True)
     for item in sorted(written.rglob("*")):
@@ -276,57 +276,6 @@ def export_triton(
     out.print("unlike temper serve, on Triton:")
     for difference in differences(config):
         out.print(Text(f"  {difference}"), soft_wrap=True)
-
-
-def _beside(dest: Path) -> Path:
-    """DEST-kubernetes, in the folder that holds DEST: beside the repository, never in it (Triton would take
-    a folder there for a model)."""
-    named = dest if dest.name not in ("", ".", "..") else dest.resolve()
-    return named.with_name(f"{named.name or 'repository'}-kubernetes")
-
-
-def _apart(manifests: Path, dest: Path) -> None:
-    """Refuse a --manifests folder that is the repository, lies in it or holds it: its model folder would replace
-    the repository's (every version), or Triton would take it for a model."""
-    from temper.artifacts.folders import overlap
-
-    relation = overlap(manifests, dest)
-    if relation is not None:
-        raise RecipeError(str(manifests), "--manifests", f"{relation} the repository --dest {dest}: the manifests go "
-                                                        "beside the repository, never in it nor around it; choose "
-                                                        f"another folder, e.g. the default {_beside(dest)}")
-
-
-def _unowned(flag: str, given: Path, folder: Path | None = None, only: str | None = None) -> None:
-    """Refuse writing into a folder another temper command owns (its marker says which): `given` (what `flag`
-    names) or a folder above it, which that command replaces whole when it runs again; with `only`, `folder`
-    (the model's folder in `given`) may be new, empty or that command's own only."""
-    from temper.artifacts.folders import WRITERS, owned_above, owner
-
-    if folder is not None:
-        wrote = owner(folder)
-        if wrote not in (None, only):
-            raise RecipeError(str(given), flag, f"{folder} was written by {WRITERS[wrote]}: an export would write into "
-                                                "it; choose another folder")
-        return
-    if (wrote := owner(given)) is not None:
-        raise RecipeError(str(given), flag, f"was written by {WRITERS[wrote]} and is that command's folder: "
-                                            "choose a folder of its own")
-    if (above := owned_above(given)) is not None:
-        raise RecipeError(str(given), flag, f"lies in {above[0]}, which {WRITERS[above[1]]} wrote and may "
-                                            "replace whole: choose a folder outside it")
-
-
-def _can_hold(flag: str, folder: Path) -> None:
-    """Refuse a destination folder that is a file, lies under one, or cannot be written by this user."""
-    blocker = next((p for p in (folder, *folder.absolute().parents) if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        where = "is a file" if blocker == folder else f"lies under {blocker}, a file"
-        raise RecipeError(str(folder), flag, f"{where}, not a folder: choose another folder")
-    existing = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise RecipeError(str(folder), flag, f"cannot be written ({existing} is not writable by this user); "
-                                             "choose a folder you can write")
 
 
 def _warn(text: str | None) -> None:

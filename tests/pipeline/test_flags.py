@@ -36,6 +36,12 @@ BAD_NUMBERS = [
     ("serve", ["BUNDLE"], "--instances", "-1"),
     ("serve", ["BUNDLE"], "--instances", "65"),  # past the 64 worker processes serve starts at most
     ("serve", ["BUNDLE"], "--burst-fallback-ms", "nan"),  # a latency target: a positive number of ms
+    ("capacity", ["BUNDLE"], "--p99-ms", "0"),  # no request answers in 0 ms: a search that never passes
+    ("capacity", ["BUNDLE", "--p99-ms", "50"], "--rounds", "0"),  # no interval
+    ("capacity", ["BUNDLE", "--p99-ms", "50"], "--seconds", "inf"),  # never ends
+    ("capacity", ["BUNDLE", "--p99-ms", "50"], "--steps", "11"),
+    ("capacity", ["BUNDLE", "--p99-ms", "50"], "--start-rate", "nan"),
+    ("capacity", ["BUNDLE", "--p99-ms", "50"], "--max-rate", "0.5"),
     ("export-triton", ["BUNDLE", "--dest", "REPO"], "--instances", str(2**31)),  # past Triton's int32 count
     ("export-triton", ["BUNDLE", "--dest", "REPO"], "--instances", "0"),
     ("export-triton", ["BUNDLE", "--dest", "REPO"], "--version", "0"),  # Triton ignores a version folder 0

@@ -74,6 +74,11 @@ class Counters:
             per_size[2] += compute_ns
             per_size[3] += output_ns
 
+    def record_rows(self, rows: int) -> None:
+        """Rows a request answered without an execution of its own (an ensemble's: its steps executed)."""
+        with self._lock:
+            self.inference_count += rows
+
     def record_inline(self) -> None:
         """One execution ran on the submitting thread instead of the batcher."""
         with self._lock:

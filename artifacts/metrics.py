@@ -41,6 +41,7 @@ from temper.artifacts.counters import FAILURE_REASONS, OTHER
 from temper.artifacts.engines import gpu_memory
 from temper.artifacts.engines.providers import PROVIDERS
 from temper.artifacts.models import LOAD_GROWTH, WORKERS_RSS, Loaded, Models
+from temper.artifacts.runtime import Runtime
 
 LABELS = ["model", "version"]
 CLOSE_REASONS = ("header_timeout", "body_timeout", "headers_too_large", "evicted", "refused")
@@ -105,7 +106,7 @@ def _triton_families(models: list[Loaded]) -> list[Metric]:
         host = Metric(gauge, about, "gauge")
         host.add_sample(gauge, {}, amount)
         families.append(host)
-    if any(PROVIDERS[model.runtime.engine].gpu for model in models):  # Triton's GPU gauges, per device
+    if any(isinstance(m.runtime, Runtime) and PROVIDERS[m.runtime.engine].gpu for m in models):  # Triton's GPU gauges
         families += _gpu_families()
     return families
 
@@ -179,11 +180,12 @@ def _runtime_families(models: list[Loaded]) -> Iterator[Metric]:
     for loaded in models:
         runtime, model = loaded.runtime, [loaded.name, loaded.version]
         m = runtime.metrics.snapshot()
-        info.add_metric([*model, runtime.engine, str(runtime.intra_op_threads), str(runtime.inline).lower(),
-                         str(runtime.instances or 0), str(runtime.config.batch_dependent).lower()], 1)
+        if isinstance(runtime, Runtime):  # an ensemble runs no engine and no batch: its composing models' say theirs
+            info.add_metric([*model, runtime.engine, str(runtime.intra_op_threads), str(runtime.inline).lower(),
+                             str(runtime.instances or 0), str(runtime.config.batch_dependent).lower()], 1)
+            _batch_sizes(sizes, m["batches"], runtime.max_rows, model, m["inference_count"])
         buckets = [(floatToGoString(ms / 1000), n) for ms, n in zip(m["latency_buckets_ms"], m["latency_counts"])]
         latency.add_metric(model, [*buckets, ("+Inf", m["latency_count"])], m["latency_sum_ms"] / 1000)
-        _batch_sizes(sizes, m["batches"], runtime.max_rows, model, m["inference_count"])
         size, measure = loaded.memory()
         memory.add_metric([*model, measure], size)
         if (held := loaded.gpu_memory()) is not None:

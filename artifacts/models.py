@@ -14,6 +14,11 @@ Triton's strict readiness: ready when every model asked for (at start or since, 
 and ready; a failed load keeps the server not ready until that model loads or is unloaded. Not strict:
 ready once start-up is done.
 
+Ensembles (artifacts/ensemble_runtime.py): loading one loads its composing models first (each as any load: one
+already loaded stays), as Triton's does; unloading it unloads those it loaded that nobody asked for by name and no
+other loaded ensemble runs (Triton's rule too). Unloading a composing model on its own leaves the ensemble loaded
+and not ready until the ensemble is loaded again.
+
 Memory per model (`Loaded.memory`): with worker instances, the summed RSS of the model's worker processes
 now; in the server's process a model's sessions cannot be told apart from the rest, so what is reported
 is the growth of this process's RSS across the model's load (Triton's `memory_usage` is also what its load
@@ -34,6 +39,7 @@ import psutil
 from temper.artifacts.bundle import ServingConfig, TensorSpec
 from temper.artifacts.engines import gpu_memory
 from temper.artifacts.engines.providers import PROVIDERS
+from temper.artifacts.ensemble_runtime import Ensemble
 from temper.artifacts.errors import first_line
 from temper.artifacts.integrity import check_bundle
 from temper.artifacts.repository import DEFAULT_VERSION, Catalog, LoadFailed, ModelNotServed, OneBundle, Source
@@ -41,6 +47,7 @@ from temper.artifacts.runtime import Runtime
 
 log = logging.getLogger("temper.serving")
 
+Serving = Runtime | Ensemble  # what a loaded model is served by
 MODES = ("none", "explicit")
 EVERY = "*"  # --load-model '*': every model of the repository, as Triton spells it
 WORKERS_RSS, LOAD_GROWTH = "workers_rss", "load_rss_growth"
@@ -56,7 +63,7 @@ class Loaded:
 
     name: str
     version: str
-    runtime: Runtime
+    runtime: Serving
     load_growth: int = 0  # this process's RSS growth across the load, bytes
     refused: int = 0  # inference requests the REST server turned away before the Runtime (event loop only)
     inputs: dict[str, TensorSpec] = field(init=False)
@@ -79,8 +86,9 @@ class Loaded:
 
     def gpu_memory(self) -> int | None:
         """Bytes the model's processes hold on the GPU (its workers', or this process's in-process), as the
-        driver reports them (artifacts/engines/gpu_memory.py); None for a model on a CPU engine, or no reading."""
-        if not PROVIDERS[self.runtime.engine].gpu:
+        driver reports them (artifacts/engines/gpu_memory.py); None for a model on a CPU engine (an ensemble: its
+        composing models report theirs), or no reading."""
+        if isinstance(self.runtime, Ensemble) or not PROVIDERS[self.runtime.engine].gpu:
             return None
         pool = self.runtime.pool
         pids = [os.getpid()] if pool is None else [i.pid for i in pool.instances if i.pid]
@@ -111,6 +119,8 @@ class Models:
         self._states: dict[str, tuple[str, str, str]] = {}  # not (yet) loaded: name -> (version, state, reason)
         self._wanted: set[str] = set()  # asked for and not unloaded: what strict readiness waits on
         self._guards: dict[str, threading.Lock] = {}  # one load or unload of a model at a time
+        self._asked: set[str] = set()  # loaded by name (at start or through the load API), not as a step
+        self._steps: dict[str, list[str]] = {}  # each loaded ensemble's composing models
 
     @classmethod
     def single(cls, runtime: Runtime, version: str = DEFAULT_VERSION, growth: int = 0, mode: str = "none",
@@ -134,6 +144,10 @@ class Models:
         if version and version != loaded.version:
             raise ModelNotServed(f"model '{name}' has no version '{version}'; it serves version {loaded.version}")
         return loaded
+
+    def serving(self, name: str) -> Serving:
+        """What serves a loaded model (an ensemble's steps look their models up here per request); ModelNotServed."""
+        return self.get(name).runtime
 
     def all(self) -> list[Loaded]:
         with self._lock:
@@ -213,6 +227,7 @@ class Models:
         else:
             names = self.startup
         for name in names:
+            self._asked.add(name)
             self._load(name)
         self.started = True
 
@@ -224,6 +239,8 @@ class Models:
     def load(self, name: str) -> Loaded:
         """The load API: explicit mode only (ControlDisabled otherwise); LoadFailed says why a model did not load."""
         self._control("load")
+        if name in self.catalog.names():
+            self._asked.add(name)
         return self._load(name)
 
     def unload(self, name: str) -> None:
@@ -231,6 +248,11 @@ class Models:
         self._control("unload")
         if name not in self._loaded and name not in self.catalog.names():
             raise LoadFailed(f"cannot unload '{name}': no such model")
+        self._asked.discard(name)
+        self._unload(name)
+
+    def _unload(self, name: str) -> None:
+        """Stop serving `name`; then the composing models an ensemble loaded that nothing else needs (docstring)."""
         with self._guard(name):
             with self._lock:
                 model = self._loaded.pop(name, None)
@@ -241,6 +263,12 @@ class Models:
             if model is not None:
                 model.runtime.stop()
                 log.info("%s: version %s unloaded", name, model.version)
+        with self._lock:
+            steps = self._steps.pop(name, [])
+            needed = {m for others in self._steps.values() for m in others} | self._asked
+        for step in steps:
+            if step not in needed and step in self._loaded:
+                self._unload(step)
 
     def _control(self, action: str) -> None:
         if self.mode != "explicit":
@@ -251,7 +279,7 @@ class Models:
         with self._lock:
             return self._guards.setdefault(name, threading.Lock())
 
-    def _load(self, name: str) -> Loaded:
+    def _load(self, name: str, within: tuple[str, ...] = ()) -> Loaded:
         if name not in self.catalog.names():  # not a model here: refused before anything is kept for its name
             with self._lock:
                 kept = name in self._loaded or name in self._states
@@ -266,6 +294,19 @@ class Models:
                         self._wanted.add(name)
                         self._states[name] = ("", "UNAVAILABLE", str(exc))
                 raise
+            if source.ensemble is not None:  # its composing models first: each serves once it is loaded
+                with self._lock:
+                    self._wanted.add(name)
+                    self._steps[name] = source.ensemble.models
+                for step in source.ensemble.models:
+                    try:
+                        if step in (*within, name):
+                            raise LoadFailed(f"ensemble '{name}' runs '{step}', which runs '{name}' (a cycle)")
+                        self._load(step, (*within, name))
+                    except LoadFailed as exc:
+                        with self._lock:
+                            self._states[name] = (source.version, "UNAVAILABLE", str(exc))
+                        raise LoadFailed(f"failed to load ensemble '{name}': {exc}") from exc
             with self._lock:
                 self._wanted.add(name)
                 current = self._loaded.get(name)
@@ -294,8 +335,11 @@ class Models:
             log.info("%s: version %s loaded", name, source.version)
             return model
 
-    def _build(self, source: Source) -> Runtime:
-        """A Runtime for a version folder, its model checked against its manifest first (Mismatch: not loaded)."""
+    def _build(self, source: Source) -> Serving:
+        """A Runtime for a version folder, its model checked against its manifest first (Mismatch: not loaded); an
+        Ensemble over the composing models loaded here for an ensemble."""
+        if source.ensemble is not None:
+            return Ensemble(source.ensemble, source.folder, self.serving)
         if source.config is None:
             unchecked = check_bundle(source.folder, "export it again with `temper export-triton`")
             if unchecked:

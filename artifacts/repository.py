@@ -8,6 +8,9 @@ folder a complete temper bundle beside the files Triton uses:
         config.pbtxt      Triton's; temper serve does not read it
         1/  model.onnx runtime.json [manifest.json report.json]
         3/  ...
+      <ensemble>/
+        config.pbtxt      Triton's, `platform: "ensemble"`: read (artifacts/ensemble.py), its steps checked
+        1/                empty: the version of the ensemble
 
 Versions follow Triton's rules: a version folder is named by a positive number without a leading 0
 (`0`, `01`, `latest` are ignored), and the highest one is served (Triton's default version policy,
@@ -22,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from temper.artifacts import ensemble
 from temper.artifacts.bundle import CONFIG, MODEL, ServingConfig, read
+from temper.artifacts.ensemble import EnsembleError, EnsembleSpec, SchemaMissing
 from temper.artifacts.folders import MARKER
 
 VERSION_FOLDER = re.compile(r"[1-9][0-9]*")
@@ -37,14 +42,20 @@ class LoadFailed(ValueError):
     """A load that did not happen: no such model in the repository, or its bundle cannot be served."""
 
 
+class NeedsSchema(LoadFailed):
+    """An ensemble's config.pbtxt cannot be read without Triton's ModelConfig schema (the grpc extra)."""
+
+
 @dataclass(frozen=True)
 class Source:
-    """One servable version of a model: its folder, and the config to serve it with (None: its runtime.json)."""
+    """One servable version of a model: its folder, and the config to serve it with (None: its runtime.json); an
+    ensemble's also its checked steps (artifacts/ensemble.py), and its config is the ensemble's tensors."""
 
     name: str
     version: str
     folder: Path
     config: ServingConfig | None = None
+    ensemble: EnsembleSpec | None = None
 
     def serving_config(self) -> ServingConfig:
         """The config, named as the model is served (a repository names a model by its folder, as Triton does)."""
@@ -98,8 +109,10 @@ class ModelRepository:
         """The model's version folders, lowest first (Triton's numbering; other folders ignored)."""
         return _versions(self.root / name)
 
-    def locate(self, name: str) -> Source:
-        """The version to serve: the highest numbered folder. LoadFailed when there is none, or it holds no bundle."""
+    def locate(self, name: str, within: tuple[str, ...] = ()) -> Source:
+        """The version to serve: the highest numbered folder. LoadFailed when there is none, or it holds no bundle
+        (or, for an ensemble, its steps do not fit its composing models; `within`: the ensembles being checked
+        that name this one, a cycle when it is among them)."""
         if name not in self.names():
             raise LoadFailed(f"no model '{name}' in the repository {self.root} (it has: "
                              f"{', '.join(self.names()) or 'none'})")
@@ -107,10 +120,33 @@ class ModelRepository:
         if not versions:
             raise LoadFailed(f"{self.root / name} has no numbered version folder (1/, 2/, ...) holding a bundle")
         folder = self.root / name / versions[-1]
+        if ensemble.declares(self.root / name):
+            return self._ensemble(name, versions[-1], folder, within)
         if not (folder / MODEL).is_file() or not (folder / CONFIG).is_file():
             raise LoadFailed(f"{folder} is not a temper serving bundle (needs {MODEL} and {CONFIG}): export it "
                              "again with `temper export-triton`")
         return Source(name, versions[-1], folder)
+
+    def _ensemble(self, name: str, version: str, folder: Path, within: tuple[str, ...]) -> Source:
+        """An ensemble's Source, checked against the Sources of the models its steps name."""
+        try:
+            spec = ensemble.parse(self.root / name, name)
+            composing = {}
+            for model in spec.models:
+                if model in (*within, name):
+                    raise EnsembleError(f"ensemble '{name}' runs '{model}', which runs '{name}' (a cycle)")
+                if model in self.names():
+                    source = self.locate(model, (*within, name))
+                    composing[model] = (source.version, source.serving_config())
+            spec = ensemble.check(spec, composing)
+        except NeedsSchema:
+            raise
+        except SchemaMissing as exc:
+            raise NeedsSchema(str(exc)) from exc
+        except (EnsembleError, OSError, ValueError) as exc:
+            raise LoadFailed(str(exc) if isinstance(exc, EnsembleError | LoadFailed)
+                             else f"{folder}: {exc}") from exc
+        return Source(name, version, folder, spec.config, spec)
 
 
 def _model_folders(root: Path) -> list[Path]:

@@ -51,6 +51,7 @@ import uvicorn
 
 from temper.artifacts.batcher import abandon
 from temper.artifacts.client_shm import ClientRegions
+from temper.artifacts.ensemble_runtime import Ensemble
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.http_limits import (
     BODY_TIMEOUT_S,
@@ -116,7 +117,7 @@ class InferenceServer:
         self.repository = RepositoryRoutes(self.models)
 
     @property
-    def runtime(self) -> Runtime:
+    def runtime(self) -> Runtime | Ensemble:
         """The Runtime of the one model served (a server of one bundle); AttributeError with several."""
         only = self.models.only()
         if only is None:
@@ -284,7 +285,7 @@ class InferenceServer:
             raise Stopped("the server is shutting down") from None
         return await future
 
-    async def _alone(self, runtime: Runtime) -> bool:
+    async def _alone(self, runtime: Runtime | Ensemble) -> bool:
         """Whether this request may run inline: the model is tiny and no other request reached
         this point in the same turn of the event loop.
 

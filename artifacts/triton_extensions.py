@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from temper.artifacts import engines
 from temper.artifacts.engines.providers import PROVIDERS
+from temper.artifacts.ensemble import PLATFORM as ENSEMBLE
+from temper.artifacts.ensemble_runtime import Ensemble
 from temper.artifacts.protocol import VERSION
 from temper.artifacts.runtime import Runtime
 from temper.artifacts.triton import _model_config
@@ -24,17 +26,22 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "
               "system_shared_memory"]  # listed as Triton does, also while --allow-client-shm is off
 
 
-def platform(runtime: Runtime) -> str:
+def platform(runtime: Runtime | Ensemble) -> str:
     """What model metadata names as the model's platform: Triton's `onnxruntime_onnx`, or `openvino` for a
-    bundle served on OpenVINO (Triton reports its backend's name there)."""
+    bundle served on OpenVINO (Triton reports its backend's name there), `ensemble` for an ensemble."""
+    if isinstance(runtime, Ensemble):
+        return ENSEMBLE
     fields = engines.of(runtime.engine).triton(runtime.engine, None)
     return str(fields.get("backend", fields.get("platform", PLATFORM)))
 
 
-def model_config(runtime: Runtime) -> dict[str, Any]:
+def model_config(runtime: Runtime | Ensemble) -> dict[str, Any]:
     """Triton's model configuration (the JSON form of its ModelConfig), as `temper export-triton`
     writes it for this bundle, with the instances this server really runs: its worker processes, or the
-    one in-process session (instances 0; before start() has chosen a default, 1)."""
+    one in-process session (instances 0; before start() has chosen a default, 1). An ensemble's is its
+    config.pbtxt as parsed."""
+    if isinstance(runtime, Ensemble):
+        return dict(runtime.spec.document)
     engine = engines.of(runtime.engine)
     kind = engine.triton_kind(runtime.engine, "KIND_GPU" if PROVIDERS[runtime.engine].gpu else "KIND_CPU")
     config = _model_config(runtime.config, runtime.instances or 1, kind,
@@ -43,7 +50,7 @@ def model_config(runtime: Runtime) -> dict[str, Any]:
     return {"backend": engine.name, **config}
 
 
-def statistics(runtime: Runtime, refused: int, version: str = VERSION, memory_bytes: int | None = None,
+def statistics(runtime: Runtime | Ensemble, refused: int, version: str = VERSION, memory_bytes: int | None = None,
                gpu_bytes: int | None = None) -> dict[str, Any]:
     """Triton's statistics extension for one model. Counts are requests, times are summed
     per request (a request in a batch of 8 adds the whole batch's compute), as Triton does;

@@ -41,7 +41,7 @@ def loaded_models(model: str, tracking: str | None, control: str, load_model: li
     start-up (their failures end it); a single bundle's Runtime is built here, so a bundle that cannot load is
     one line, exit 2, before any port is served."""
     from temper.artifacts.models import EVERY, Models
-    from temper.artifacts.repository import LoadFailed, ModelRepository
+    from temper.artifacts.repository import LoadFailed, ModelRepository, NeedsSchema
 
     path = Path(model)
     if not model.startswith("models:/") and ModelRepository.recognizes(path):
@@ -58,7 +58,9 @@ def loaded_models(model: str, tracking: str | None, control: str, load_model: li
             _routable_name(str(path / name), name)
         for name in at_start:
             try:
-                repository.locate(name)
+                repository.locate(name)  # an ensemble's steps checked against its composing models too
+            except NeedsSchema as exc:  # an ensemble, and no tritonclient to read it with: install the extra
+                raise EnvironmentProblem(str(exc)) from None
             except LoadFailed as exc:
                 raise RecipeError(str(path / name), "", str(exc)) from None
         models = Models(repository, control, load_model, strict, instances, notify=warn)
@@ -81,6 +83,7 @@ def _with_backup(model: str, folder: Path, models: Models, instances: int | None
     only = models.only()
     assert only is not None, "the burst fallback serves one model"  # a repository refuses the flag earlier
     runtime = only.runtime
+    assert isinstance(runtime, Runtime), "a single bundle is served by a Runtime"
     found, config = backup_folder(folder), None
     if found is None and (folder.parent / MANIFEST).is_file():  # a run's output folder: its fastest other pass
         name = backup_of(folder.parent)

@@ -45,6 +45,7 @@ BAD_NUMBERS = [
     ("export-triton", ["BUNDLE", "--dest", "REPO"], "--instances", str(2**31)),  # past Triton's int32 count
     ("export-triton", ["BUNDLE", "--dest", "REPO"], "--instances", "0"),
     ("export-triton", ["BUNDLE", "--dest", "REPO"], "--version", "0"),  # Triton ignores a version folder 0
+    ("export-ensemble", ["pipe=a,b", "--dest", "REPO"], "--version", "0"),
     ("sensitivity", ["RECIPE", "--candidate", "fp16"], "--top", "0"),
     ("sensitivity", ["RECIPE", "--candidate", "fp16"], "--samples", "0"),
 ]

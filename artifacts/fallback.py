@@ -5,7 +5,8 @@ gates; for a run's output folder, the fastest passing pair on the selected engin
 pipeline/outputs.py backup_of). With `temper serve --burst-fallback-ms TARGET` (off by default) every request
 asks `choose()`: the primary's expected latency is the larger of what is queued now ((pending + 1) rows at its
 mean compute time per row, over its instances) and the mean latency of its answers in the last WINDOW_S (0 when
-it answered none: traffic has moved to the backup and its queue drains); above TARGET the fallback switches on (cause
+it answered none, or no request came for two windows: traffic has moved to the backup, or paused, and its queue
+drained); above TARGET the fallback switches on (cause
 `queue_time`) and requests go to the backup, below RECOVER x TARGET it switches back (cause `recovered`).
 The switches, their cause and the requests each model served show in /metrics (temper_fallback_*) and each
 REST answer's parameters (`temper_served_by`, `temper_fallback_cause`).
@@ -60,7 +61,9 @@ class BurstFallback:
         now = time.monotonic()
         if now - self._window[0] >= WINDOW_S:  # the primary's answers of the last window: their mean latency
             done, spent = m["request_success"] - self._window[1], m["success_ns"] - self._window[2]
-            self._recent_ms = spent / done / 1e6 if done else 0.0
+            # a window left open for long (no request asked meanwhile) holds answers of long ago, not recent ones
+            fresh = now - self._window[0] < 2 * WINDOW_S
+            self._recent_ms = spent / done / 1e6 if done and fresh else 0.0
             self._window = (now, m["request_success"], m["success_ns"])
         return max(projected, self._recent_ms)
 

@@ -74,7 +74,7 @@ def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[s
             result = runner.run()
             verdict = None
             if loaded.recipe.validation is not None:
-                verdict = build_report(validate(from_run(runner, result), runner.observer.note))
+                verdict = build_report(validate(from_run(runner, result), runner.observer.note, runner.observer.logged))
                 verdict = verdict.model_copy(update={"not_built": not_built(result)})
         target = folder.commit(loaded, result, (lambda d: report.write(verdict, d)) if verdict else None)
     finally:
@@ -112,7 +112,7 @@ def revalidate(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require:
         folder = OutputFolder.existing(output)  # before the gates run: a folder that cannot be rewritten fails now
         try:
             check_slices(runner, subject.baseline)
-            verdict = build_report(validate(subject, runner.observer.note))
+            verdict = build_report(validate(subject, runner.observer.note, runner.observer.logged))
             verdict = verdict.model_copy(update={"not_built": _still_not_built(verdict, output)})
             folder.rewrite(lambda staging: report.write(verdict, staging))  # swapped in whole, as `run` commits
         finally:

@@ -11,6 +11,7 @@ import contextlib
 import io
 from pathlib import Path
 
+from temper.artifacts import native_logs
 from temper.artifacts.errors import StepFailed, first_line
 from temper.artifacts.onnx_io import dims, fit_batch, load_structure, save, session
 from temper.pipeline.step_options import SimplifyOptions
@@ -44,7 +45,7 @@ class Simplify(Step[SimplifyOptions]):
         try:
             # A path (not a ModelProto) lets onnxsim resolve external data next to `src`
             # and take its external-data route for models past protobuf's 2 GB limit.
-            with contextlib.redirect_stdout(log):
+            with contextlib.redirect_stdout(log), native_logs.silenced():  # its C++ writes on fds 1 and 2
                 model, check_ok = onnxsim.simplify(
                     str(src),
                     check_n=options.check_n,

@@ -87,7 +87,7 @@ def _tune(job: Job, options: OrtOptions, ctx: StepContext) -> None:
         return ort.prepare(job, chosen, feeds, f"config-{chosen.per_channel}-{chosen.calibration}")
 
     fallback.tune(prepared, job.dst, options, keep_float, feeds, ctx.scorer(), ctx.scratch, ctx.progress,
-                  configured, ctx.layout)
+                  configured, ctx.layout, ctx.log)
 
 
 def rankable(options: object) -> bool:

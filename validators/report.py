@@ -268,7 +268,8 @@ def _tuning_section(name: str, tuning: Tuning) -> list[str]:
     outcome = "met" if tuning.met else "**not met**: the best model found is kept (the smallest drop)"
     lines = ["", f"## Fallback: {name}", "",
              f"Budget: {tuning.metric} drop at most {tuning.allowed_drop:.4f} from {tuning.baseline_metric:.4f}; "
-             f"{outcome}; {len(tuning.trials)} of at most {tuning.max_trials} trials; kept: trial {tuning.best}.", "",
+             f"{outcome}; {tuning.trials_text()}; kept: trial {tuning.best}"
+             + ("." if tuning.met else f"; stopped: {tuning.stopped()}."), "",
              f"Floor: every trial keeps at least {tuning.floor} quantized nodes ({tuning.min_quantized:g} of the plain "
              "model's)" + ("; the search reached it, so the budget is **not reachable in INT8** beyond it."
                            if tuning.floor_reached and not tuning.met else "."), "",

@@ -70,7 +70,8 @@ def run(
         outcome = flow.run(loaded, output or (Path("out") / loaded.recipe.name).resolve(),
                            step_cache(cache_dir, not no_cache), require=require, tracking=tracking_uri,
                            observer=Display(shown_progress), allow_build_errors=allow_build_errors,
-                           committed=ctx.ensure_object(Session).committed)
+                           committed=ctx.ensure_object(Session).committed,
+                           notify=lambda line: shown_progress.console.print(notice(line), soft_wrap=True))
     assert outcome.result is not None
     out.print(_summary(outcome.result))
     _print_not_built(outcome)
@@ -156,7 +157,7 @@ def check(recipe: RecipeArg, cache_dir: CacheOpt = None, tracking_uri: TrackingO
     for line in checked.done:
         out.print(Text.assemble(("  ✓ ", "green"), line))
     for line in checked.notices:
-        out.print(Text.assemble(("  ! ", "yellow"), line), soft_wrap=True)
+        out.print(notice(line), soft_wrap=True)
     out.print(f"{recipe}: ok")
 
 
@@ -203,6 +204,11 @@ def schema() -> None:
     print(json.dumps(recipe_schema(), indent=2))
 
 
+def notice(line: str) -> Text:
+    """One of `temper check`'s notices as `check` and `run` print it."""
+    return Text.assemble(("  ! ", "yellow"), line)
+
+
 def _print_not_built(outcome: flow.Outcome) -> None:
     """One line per candidate that did not build. In a gated run a build error fails the run (exit 1)
     unless --allow-build-errors; a rejection is a failed build gate. Ungated, every candidate must build."""
@@ -233,10 +239,10 @@ def _print_gates(outcome: flow.Outcome) -> None:
         if tuning and not tuning.met:
             best = tuning.trials[tuning.best]
             err.print(Text.assemble(("fallback: ", "red"),
-                                    f"{name} missed the budget after {len(tuning.trials)} trials: "
+                                    f"{name} missed the budget after {tuning.trials_text(most=False)}: "
                                     f"best {tuning.metric} drop {best.drop:+.4f} (allowed {tuning.allowed_drop:.4f}) "
                                     f"with {len(best.float_nodes)} nodes in float; that model is kept, "
-                                    "every trial is in report.md. Raise fallback.max_trials or the budget."),
+                                    f"every trial is in report.md. Stopped: {tuning.stopped()}."),
                       soft_wrap=True)
     from temper.validators.engine_agreement import describe
     from temper.validators.report import engine_line

@@ -233,7 +233,14 @@ def _print_gates(outcome: flow.Outcome) -> None:
     """The gate table, any fallback that missed its budget, the selection and why, and each required miss."""
     verdict = outcome.report
     assert verdict is not None
+    from temper.validators.engine_agreement import describe
+    from temper.validators.report import engine_line, int8_shortfall
+
     out.print(_gate_table(verdict))
+    for name, c in verdict.candidates.items():  # what the table's INT8 verdict rests on, beside it
+        if (short := int8_shortfall(c)) is not None:
+            out.print(Text.assemble(f"{name} ", ("pass", "green") if c.passed else ("FAIL", "red"), f": {short}"),
+                      soft_wrap=True)
     for name, c in verdict.candidates.items():
         tuning = c.tuning
         if tuning and not tuning.met:
@@ -244,9 +251,6 @@ def _print_gates(outcome: flow.Outcome) -> None:
                                     f"with {len(best.float_nodes)} nodes in float; that model is kept, "
                                     f"every trial is in report.md. Stopped: {tuning.stopped()}."),
                       soft_wrap=True)
-    from temper.validators.engine_agreement import describe
-    from temper.validators.report import engine_line
-
     for found in verdict.engine_disagreements:
         err.print(Text.assemble(("engines disagree: ", "yellow"), describe(found)), soft_wrap=True)
     out.print(Text.assemble(("selected: ", "green"), verdict.selected_pair))

@@ -10,6 +10,7 @@ import onnx
 import onnxruntime as ort
 from google.protobuf.message import EncodeError
 
+from temper.artifacts import native_logs
 from temper.artifacts.errors import OptionError
 from temper.artifacts.layout import AXIS0, Layout
 
@@ -32,7 +33,7 @@ def save(model: onnx.ModelProto, path: Path) -> None:
 
 def session(path: Path) -> ort.InferenceSession:
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = native_logs.severity()
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

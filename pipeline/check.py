@@ -54,8 +54,17 @@ def check(runner: Runner, tracking: str | None = None) -> Checked:
             raise RecipeError(loaded.file, f"{where}.{spec.name}.{exc.key}", exc.message) from None
     done.append(f"{len(steps) - len(recipe.steps)} candidate steps match the baseline graph")
     done += preflight(runner, tracking)
-    notices = _subgraph_notices(of_file(baseline.path), steps[len(recipe.steps):])
-    return Checked(done, notices + mixed_scale_notices(runner, baseline.path))
+    return Checked(done, notices(runner))
+
+
+def notices(runner: Runner) -> list[str]:
+    """What holds but will not do all the recipe may expect, from the baseline (built once, cached): compute a
+    quantizer will leave float, an output whose rows differ in scale. `temper check` and `temper run` both
+    print them, so the same model is forecast the same way in both."""
+    recipe, baseline = runner.recipe, runner.baseline()[-1].path
+    steps = [(f"candidates.{name}.steps[{i}]", s) for name, candidate in recipe.candidates.items()
+             for i, s in enumerate(candidate.steps)]
+    return _subgraph_notices(of_file(baseline), steps) + mixed_scale_notices(runner, baseline)
 
 
 def _subgraph_notices(counted: Census, steps: list[tuple[str, StepSpec]]) -> list[str]:

@@ -6,6 +6,7 @@ tool gets the same verdict and exit code as `temper run` without going through t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,14 +54,16 @@ def check_required(loaded: LoadedRecipe, names: list[str] | None) -> None:
 
 def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[str] | None = None,
         tracking: str | None = None, observer: Observer | None = None, allow_build_errors: bool = False,
-        committed: list[Path] | None = None) -> Outcome:
+        committed: list[Path] | None = None, notify: Callable[[str], None] = lambda _: None) -> Outcome:
     """Build the baseline and every candidate, validate them and commit the output folder atomically.
 
     Everything that needs no candidate (data, providers, metric fit, memory, fidelity slices, the MLflow
     store when the recipe publishes) is checked first, so a bad recipe fails in seconds, not after the
     builds. `allow_build_errors`: a candidate whose build raised does not make the exit code 1 (it is
-    still reported, and fails its build gate). `committed` hears the output folder once it is in place.
+    still reported, and fails its build gate). `committed` hears the output folder once it is in place,
+    `notify` each of `temper check`'s notices (pipeline/check.py) before any candidate is built.
     """
+    from temper.pipeline.check import notices
     from temper.pipeline.gating import from_run, preflight
     from temper.pipeline.outputs import OutputFolder
     from temper.validators import report
@@ -71,10 +74,12 @@ def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[s
     try:
         with Runner(loaded, cache, observer) as runner:
             preflight(runner, tracking)  # data and providers, then what the baseline alone can tell
+            for line in notices(runner):
+                notify(line)
             result = runner.run()
             verdict = None
             if loaded.recipe.validation is not None:
-                verdict = build_report(validate(from_run(runner, result), runner.observer.note))
+                verdict = build_report(validate(from_run(runner, result), runner.observer.note, runner.observer.logged))
                 verdict = verdict.model_copy(update={"not_built": not_built(result)})
         target = folder.commit(loaded, result, (lambda d: report.write(verdict, d)) if verdict else None)
     finally:
@@ -112,7 +117,7 @@ def revalidate(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require:
         folder = OutputFolder.existing(output)  # before the gates run: a folder that cannot be rewritten fails now
         try:
             check_slices(runner, subject.baseline)
-            verdict = build_report(validate(subject, runner.observer.note))
+            verdict = build_report(validate(subject, runner.observer.note, runner.observer.logged))
             verdict = verdict.model_copy(update={"not_built": _still_not_built(verdict, output)})
             folder.rewrite(lambda staging: report.write(verdict, staging))  # swapped in whole, as `run` commits
         finally:

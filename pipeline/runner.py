@@ -84,6 +84,9 @@ class Observer(Protocol):
     def started(self, chain: str, step: str) -> None: ...
     def finished(self, chain: str, record: ModelRecord) -> None: ...
     def note(self, text: str) -> None: ...  # what a longer phase (validation) is doing now
+    # a piece of a long phase that finished (a fallback trial scored, a pair timed at a batch size): where
+    # progress is not shown live (a CI log), a line of its own
+    def logged(self, text: str) -> None: ...
 
 
 class _Silent:
@@ -92,6 +95,7 @@ class _Silent:
     def started(self, chain: str, step: str) -> None: ...
     def finished(self, chain: str, record: ModelRecord) -> None: ...
     def note(self, text: str) -> None: ...
+    def logged(self, text: str) -> None: ...
 
 
 class Runner:
@@ -218,7 +222,7 @@ class Runner:
 
         return StepContext(self.recipe.model.inputs, lambda: self.calibration_batches, self.sample, folder,
                            lambda: self.scorer, lambda text: self.observer.note(f"{where} › {text}"),
-                           RangeStore.beside(self.cache))
+                           RangeStore.beside(self.cache), lambda text: self.observer.logged(f"{where} › {text}"))
 
     # -- models -----------------------------------------------------------------------------------
     def source(self) -> ModelRecord:

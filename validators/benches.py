@@ -75,9 +75,11 @@ def sessions(spec: ThroughputSpec, pairs: dict[str, tuple[Pair, Path]], sample: 
 
 def bench_all(spec: ThroughputSpec | None, pairs: dict[str, tuple[Pair, Path]], reference: str,
               sample: dict[str, np.ndarray], progress: Progress, layout: Layout, host: HostProfile,
-              records: Records | None) -> tuple[list[Bench], dict[str, list[dict[str, Any]]]]:
+              records: Records | None, log: Progress = lambda _: None,
+              ) -> tuple[list[Bench], dict[str, list[dict[str, Any]]]]:
     """Throughput of every pair at every batch size (the module's rule), the reference pair first; and
-    the session searches' records by model (none unless validate.throughput.session_search)."""
+    the session searches' records by model (none unless validate.throughput.session_search). `log` hears
+    each pair once it is timed at a batch size: its samples/s and its speedup over the reference."""
     if spec is None:
         return [], {}
     opened, searches = sessions(spec, pairs, sample, layout, host, records, progress, reference)
@@ -97,7 +99,19 @@ def bench_all(spec: ThroughputSpec | None, pairs: dict[str, tuple[Pair, Path]], 
         progress(f"throughput › batch {size}: {', '.join(pairs)}")
         benches.append(interleave(Bench(size, reference, {key: {} for key in ordered}), ordered, paths, sample,
                                   layout, timing, undecided, more))
+        for key in ordered:
+            log(measured(benches[-1], key, spec.confidence))
     return benches, searches
+
+
+def measured(bench: Bench, key: str, confidence: float) -> str:
+    """One pair at one batch size, once timed: `throughput › batch 32: fp16@cpu 1,234 samples/s, 1.40x [1.36,
+    1.44] over baseline@cpu (5 rounds)`."""
+    figure = bench.figure(key)
+    head = f"throughput › batch {bench.batch_size}: {key} {figure.samples_per_s:,.0f} samples/s"
+    if key == bench.reference:
+        return f"{head} (the reference, {figure.rounds} rounds)"
+    return f"{head}, {estimate(bench.ratios(key), confidence).shown()} over {bench.reference} ({figure.rounds} rounds)"
 
 
 def undecided_at(up: Speedup, size: int, spec: ThroughputSpec) -> bool:

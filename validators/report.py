@@ -72,6 +72,17 @@ def engine_shortfall(candidate: Candidate) -> str | None:
             f"INT8 ({engine.fp32 + engine.fp16} compute on dequantized values in float)")
 
 
+def int8_shortfall(candidate: Candidate) -> str | None:
+    """The console's line beside a verdict: `ONNX Runtime runs 1 of 43 quantized nodes in INT8 (42 in float on
+    dequantized values: ...)`; None when ONNX Runtime runs every node the graph quantized in INT8."""
+    graph, engine = candidate.census, candidate.engine_census
+    if graph is None or engine is None or engine.quantized >= graph.quantized:
+        return None
+    return (f"ONNX Runtime runs {engine.quantized} of {graph.quantized} quantized nodes in INT8 "
+            f"({graph.quantized - engine.quantized} in float on dequantized values: their Q/DQ is not where its "
+            "INT8 kernels fuse, e.g. NNCF's after a SiLU; see docs/recipes.md)")
+
+
 def markdown(report: Readable) -> str:
     report = Report.model_validate(report)
     verdict = (f"**passed** — selected `{report.selected_pair}`: {report.selection_reason}" if report.passed
@@ -268,7 +279,8 @@ def _tuning_section(name: str, tuning: Tuning) -> list[str]:
     outcome = "met" if tuning.met else "**not met**: the best model found is kept (the smallest drop)"
     lines = ["", f"## Fallback: {name}", "",
              f"Budget: {tuning.metric} drop at most {tuning.allowed_drop:.4f} from {tuning.baseline_metric:.4f}; "
-             f"{outcome}; {len(tuning.trials)} of at most {tuning.max_trials} trials; kept: trial {tuning.best}.", "",
+             f"{outcome}; {tuning.trials_text()}; kept: trial {tuning.best}"
+             + ("." if tuning.met else f"; stopped: {tuning.stopped()}."), "",
              f"Floor: every trial keeps at least {tuning.floor} quantized nodes ({tuning.min_quantized:g} of the plain "
              "model's)" + ("; the search reached it, so the budget is **not reachable in INT8** beyond it."
                            if tuning.floor_reached and not tuning.met else "."), "",

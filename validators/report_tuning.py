@@ -80,3 +80,27 @@ class Tuning(_Model):
                                         description="node sets that wrote a trial's graph again: that trial, not a "
                                                     "new one (max_trials counts distinct models)")
     ranking: list[NodeSensitivity]
+
+    @property
+    def counted(self) -> int:
+        """Trials max_trials counts: a configuration round's model met the budget alone and stands beside them."""
+        return sum(t.kind != "configuration" for t in self.trials)
+
+    def trials_text(self, most: bool = True) -> str:
+        """`12 of at most 12 trials and 2 configuration rounds`: what max_trials counted (out of how many, with
+        `most`), and the rounds it does not count."""
+        rounds = len(self.configurations)
+        total = self.max_trials if most else self.counted
+        return (f"{self.counted}{f' of at most {self.max_trials}' if most else ''} trial{'s' if total > 1 else ''}"
+                + (f" and {rounds} configuration round{'s' if rounds > 1 else ''}" if rounds else ""))
+
+    def stopped(self) -> str:
+        """Why a search that missed its budget ended, and what would take it further."""
+        if self.floor_reached:
+            return (f"it reached the floor of {self.floor} quantized node{'s' if self.floor != 1 else ''} "
+                    f"(fallback.min_quantized "
+                    f"{self.min_quantized:g} of the plain model's): more nodes in float would no longer be INT8, so "
+                    "the budget is not reachable in INT8 beyond it; lower fallback.min_quantized or raise the budget")
+        if self.counted >= self.max_trials:
+            return "it spent fallback.max_trials; raise fallback.max_trials or the budget"
+        return "every ranked node was tried in float; raise the budget"

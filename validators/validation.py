@@ -125,7 +125,9 @@ def evaluated_on(engine: str) -> str:
     return engine
 
 
-def validate(subject: Subject, progress: Progress = lambda _: None) -> Validation:
+def validate(subject: Subject, progress: Progress = lambda _: None, log: Progress = lambda _: None) -> Validation:
+    """Every pair's gates and the selection. `progress` hears what is being done now, `log` each piece of the
+    timing that finished (a pair at a batch size), for a line of its own in a CI log."""
     spec = subject.spec
     host = profile()
     engines = engines_of(spec)
@@ -148,7 +150,7 @@ def validate(subject: Subject, progress: Progress = lambda _: None) -> Validatio
     paths = {BASELINE: subject.baseline, **built}
     measured = {pair.key(ref.engine): (pair, paths[pair.model]) for pair in pairs(list(built), engines)}
     benches, searches = bench_all(spec.throughput, measured, ref.key(ref.engine), sample, progress, subject.layout,
-                                  host, subject.records)
+                                  host, subject.records, log)
     outputs = {(BASELINE, evaluated_on(ref.engine)): base_out}
     progress("baseline › batch composition")
     composer = Composer(subject.evaluation.features, subject.layout, subject.serving_pad, subject.serving_batch, spec,

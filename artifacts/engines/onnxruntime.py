@@ -31,7 +31,7 @@ import onnxruntime as ort
 import platformdirs
 from pydantic import ConfigDict, Field, PositiveInt, SerializerFunctionWrapHandler, model_serializer
 
-from temper.artifacts import nvidia
+from temper.artifacts import native_logs, nvidia
 from temper.artifacts.engines.base import EngineSettings, Session
 from temper.artifacts.engines.providers import BEST_FIRST, CPU, CUDA, PROVIDERS, TENSORRT, Provider, named
 from temper.artifacts.errors import EnvironmentProblem
@@ -96,9 +96,9 @@ class SessionSettings(EngineSettings):
         return self.model_copy(update={"intra_op_threads": count})
 
     def options(self) -> ort.SessionOptions:
-        """These settings as ONNX Runtime session options (sequential execution, warnings and above logged)."""
+        """These settings as ONNX Runtime session options (sequential execution, logging as native_logs says)."""
         options = ort.SessionOptions()
-        options.log_severity_level = 3
+        options.log_severity_level = native_logs.severity()
         options.intra_op_num_threads = self.intra_op_threads
         options.graph_optimization_level = LEVELS[self.graph_optimization]
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

@@ -18,6 +18,7 @@ import typer
 from rich.text import Text
 from typer._click.exceptions import NoArgsIsHelpError  # typer bundles click: `click`'s own classes never match
 
+from temper.artifacts import native_logs
 from temper.artifacts.errors import Interrupted, TemperError, reraise_interrupt
 from temper.pipeline.cli import build, deploy, ensemble, measure  # noqa: F401  (each registers its commands on `app`)
 from temper.pipeline.cli.common import Session, app, err, shown
@@ -51,6 +52,9 @@ def _options(
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "DEBUG" if debug else "ERROR")
     for chatty in ("mlflow", "alembic"):
         logging.getLogger(chatty).setLevel(logging.DEBUG if debug else logging.ERROR)
+    # ONNX Runtime's `[E:onnxruntime]` lines and onnx-simplifier's C++ warnings repeat, on stderr, the one line
+    # temper prints (or say nothing to act on): only --debug shows them
+    native_logs.quiet(not debug)
 
 
 def _interrupt(signum: int, frame: object) -> None:

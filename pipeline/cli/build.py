@@ -71,7 +71,8 @@ def run(
         outcome = flow.run(loaded, output or (Path("out") / loaded.recipe.name).resolve(),
                            step_cache(cache_dir, not no_cache), require=require, tracking=tracking_uri,
                            observer=Display(shown_progress), allow_build_errors=allow_build_errors,
-                           committed=ctx.ensure_object(Session).committed)
+                           committed=ctx.ensure_object(Session).committed,
+                           notify=lambda line: shown_progress.console.print(notice(line), soft_wrap=True))
     assert outcome.result is not None
     out.print(_summary(outcome.result))
     _print_not_built(outcome)
@@ -157,7 +158,7 @@ def check(recipe: RecipeArg, cache_dir: CacheOpt = None, tracking_uri: TrackingO
     for line in checked.done:
         out.print(Text.assemble(("  ✓ ", "green"), line))
     for line in checked.notices:
-        out.print(Text.assemble(("  ! ", "yellow"), line), soft_wrap=True)
+        out.print(notice(line), soft_wrap=True)
     out.print(f"{recipe}: ok")
 
 
@@ -204,6 +205,11 @@ def schema() -> None:
     print(json.dumps(recipe_schema(), indent=2))
 
 
+def notice(line: str) -> Text:
+    """One of `temper check`'s notices as `check` and `run` print it."""
+    return Text.assemble(("  ! ", "yellow"), line)
+
+
 def _print_not_built(outcome: flow.Outcome) -> None:
     """One line per candidate that did not build. In a gated run a build error fails the run (exit 1)
     unless --allow-build-errors; a rejection is a failed build gate. Ungated, every candidate must build."""
@@ -228,20 +234,24 @@ def _print_gates(outcome: flow.Outcome) -> None:
     """The gate table, any fallback that missed its budget, the selection and why, and each required miss."""
     verdict = outcome.report
     assert verdict is not None
+    from temper.validators.engine_agreement import describe
+    from temper.validators.report import engine_line, int8_shortfall
+
     out.print(_gate_table(verdict))
+    for name, c in verdict.candidates.items():  # what the table's INT8 verdict rests on, beside it
+        if (short := int8_shortfall(c)) is not None:
+            out.print(Text.assemble(f"{name} ", ("pass", "green") if c.passed else ("FAIL", "red"), f": {short}"),
+                      soft_wrap=True)
     for name, c in verdict.candidates.items():
         tuning = c.tuning
         if tuning and not tuning.met:
             best = tuning.trials[tuning.best]
             err.print(Text.assemble(("fallback: ", "red"),
-                                    f"{name} missed the budget after {len(tuning.trials)} trials: "
+                                    f"{name} missed the budget after {tuning.trials_text(most=False)}: "
                                     f"best {tuning.metric} drop {best.drop:+.4f} (allowed {tuning.allowed_drop:.4f}) "
                                     f"with {len(best.float_nodes)} nodes in float; that model is kept, "
-                                    "every trial is in report.md. Raise fallback.max_trials or the budget."),
+                                    f"every trial is in report.md. Stopped: {tuning.stopped()}."),
                       soft_wrap=True)
-    from temper.validators.engine_agreement import describe
-    from temper.validators.report import engine_line
-
     for found in verdict.engine_disagreements:
         err.print(Text.assemble(("engines disagree: ", "yellow"), describe(found)), soft_wrap=True)
     out.print(Text.assemble(("selected: ", "green"), verdict.selected_pair))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 import functools
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +15,9 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
+from temper.artifacts import native_logs
 from temper.artifacts.errors import unwritable
 from temper.artifacts.folders import require_writable
 from temper.artifacts.versions import require_one_runtime
@@ -46,6 +50,7 @@ def opens_sessions(command: Command) -> Command:
     @functools.wraps(command)
     def checked(*args: Any, **kwargs: Any) -> Any:
         require_one_runtime()
+        native_logs.apply()  # the libraries' sessions log as the command line chose (--debug or not)
         return command(*args, **kwargs)
 
     checked.opens_sessions = True  # type: ignore[attr-defined]
@@ -143,11 +148,15 @@ def step_cache(folder: Path | None, enabled: bool = True) -> StepCache:
 
 
 class Display:
-    """Observer that shows the running step (candidate, step, elapsed) and logs each finished one."""
+    """Observer that shows the running step (candidate, step, elapsed) and logs each finished one. On a terminal
+    what runs now is one transient line; where stderr is not one (a CI log) that line never shows, so each
+    finished piece of a long phase (a fallback trial, a pair timed at a batch size) is a line of its own, with
+    the time since the command began."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
         self.task: TaskID | None = None
+        self.began = time.perf_counter()
 
     def started(self, chain: str, step: str) -> None:
         if self.task is not None:
@@ -162,6 +171,13 @@ class Display:
     def finished(self, chain: str, record: ModelRecord) -> None:
         note = "cached" if record.cached else f"{record.seconds:.1f}s"
         self.progress.console.print(f"  [green]✓[/] {chain} › {record.step}  [dim]{note}[/]")
+
+    def logged(self, text: str) -> None:
+        if self.progress.console.is_terminal:
+            self.note(text)
+            return
+        elapsed = datetime.timedelta(seconds=int(time.perf_counter() - self.began))
+        self.progress.console.print(Text.assemble("  · ", text, (f"  {elapsed}", "dim")), soft_wrap=True)
 
 
 

@@ -62,6 +62,7 @@ class StepContext:
     scorer: Callable[[], Scorer] = field(default=lambda: _no_scorer())  # for steps with uses_evaluation
     progress: Callable[[str], None] = field(default=lambda _: None)  # what a long step is doing now (the observer)
     ranges: KeptRanges | None = None  # the cache's ranges/ (calibrations kept); None: calibrate each time
+    log: Callable[[str], None] = field(default=lambda _: None)  # a piece of a long step that finished (a trial)
 
 
     @property

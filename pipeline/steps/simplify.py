@@ -11,6 +11,9 @@ import contextlib
 import io
 from pathlib import Path
 
+import numpy as np
+
+from temper.artifacts import native_logs
 from temper.artifacts.errors import StepFailed, first_line
 from temper.artifacts.onnx_io import dims, fit_batch, load_structure, save, session
 from temper.pipeline.step_options import SimplifyOptions
@@ -19,6 +22,15 @@ from temper.pipeline.steps.base import Step, StepContext
 # A failed simplification has no fix inside the step: the way out is a chain without it, and what that costs.
 WITHOUT = ("remove this simplify step (the cost: the model keeps the constants and redundant nodes onnxsim would "
            "fold; ONNX Runtime folds most of them itself when it loads the model)")
+
+
+def _check_data(src: Path, ctx: StepContext) -> dict[str, np.ndarray] | None:
+    """The inputs onnxsim checks its result on when the recipe has constant inputs: a real batch, the constants
+    at their values. onnxsim's own are random, and a constant that picks a branch (Silero VAD's `sr`, 16000)
+    then picks one the model cannot run (any other rate fails inside it): the check failed on a sound model."""
+    if not ctx.layout.constants:
+        return None
+    return fit_batch(load_structure(src), ctx.sample(), ctx.layout)
 
 
 def _check_shapes(src: Path, ctx: StepContext) -> dict[str, list[int]] | None:
@@ -39,17 +51,19 @@ class Simplify(Step[SimplifyOptions]):
     def run(self, src: Path, dst: Path, options: SimplifyOptions, ctx: StepContext) -> None:
         import onnxsim  # imports torch: only when a model is simplified
 
-        shapes = _check_shapes(src, ctx) if options.check_n else None
+        data = _check_data(src, ctx) if options.check_n else None
+        shapes = _check_shapes(src, ctx) if options.check_n and data is None else None
         log = io.StringIO()
         try:
             # A path (not a ModelProto) lets onnxsim resolve external data next to `src`
             # and take its external-data route for models past protobuf's 2 GB limit.
-            with contextlib.redirect_stdout(log):
+            with contextlib.redirect_stdout(log), native_logs.silenced():  # its C++ writes on fds 1 and 2
                 model, check_ok = onnxsim.simplify(
                     str(src),
                     check_n=options.check_n,
                     skip_fuse_bn=options.skip_fuse_bn,
                     test_input_shapes=shapes,
+                    input_data=data,
                 )
         except Exception as err:  # onnxsim raises anything from RuntimeError to ORT's Fail
             raise StepFailed(f"simplify: onnx-simplifier failed: {first_line(err).rstrip('.')}; {WITHOUT}") from err

@@ -28,6 +28,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnxruntime.quantization.calibrate import CalibraterBase
 
+from temper.artifacts import native_logs
 from temper.artifacts.onnx_io import Batch
 
 _SAVED = "_TemperProbeOutput"
@@ -104,7 +105,7 @@ class Probe:
     def session(self, cut: onnx.GraphProto) -> ort.InferenceSession:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # as collect_activations
-        options.log_severity_level = 3
+        options.log_severity_level = native_logs.severity()
         options.enable_cpu_mem_arena = False  # a chunk's outputs go back to the OS when it is done
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(self.weights))
         model = onnx.ModelProto()

@@ -204,6 +204,9 @@ class _Notes:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
+    def logged(self, text: str) -> None:  # a finished piece (a trial scored): a line of its own in a CI log
+        self.notes.append(text)
+
 
 @pytest.mark.slow
 def test_the_fallback_reports_each_trial_through_the_observer(gated_digits, tmp_path):

@@ -18,16 +18,31 @@ def require_quantized(path: Path, backend: str) -> Census:
     counted = of_file(path)
     if counted.quantized:
         return counted
+    raise _nothing(counted, backend)
+
+
+def require_quantizable(path: Path, backend: str) -> None:
+    """Before the quantizer runs on the model at `path`: StepFailed, the line `require_quantized` gives once it
+    has run, when the graph has no eligible node or all of them inside If/Loop/Scan bodies, which no quantizer
+    rewrites (what `temper check` forecasts as a rejection). On Silero VAD pre-processing failed on the branches
+    first, which made the same model a build error (exit 1) in `temper run` and a rejection in `temper check`."""
+    counted = of_file(path)
+    if not counted.eligible or counted.in_subgraphs == counted.eligible:
+        raise _nothing(counted, backend)
+
+
+def _nothing(counted: Census, backend: str) -> StepFailed:
+    """No quantized node, and what to do: a rejection (a verdict on the candidate, no library error behind it)."""
     if not counted.eligible:
-        raise StepFailed(f"quantize wrote no quantized node: the graph has no {'/'.join(ELIGIBLE)} node to quantize; "
-                         "drop this candidate (INT8 cannot speed this model up)")
+        return StepFailed(f"quantize wrote no quantized node: the graph has no {'/'.join(ELIGIBLE)} node to quantize; "
+                          "drop this candidate (INT8 cannot speed this model up)")
     where = f"0 of {counted.eligible} eligible"
     if counted.in_subgraphs:
         where += f"; {counted.in_subgraphs} are inside If/Loop/Scan subgraphs, which {backend} leaves alone"
     hint = ("export the model without control flow around its compute (fixed branches, unrolled loops), "
             "or drop this candidate" if counted.in_subgraphs == counted.eligible
             else "exclude fewer nodes (exclude_nodes, exclude_op_types), or drop this candidate")
-    raise StepFailed(f"quantize wrote no quantized node ({where}): {hint}")
+    return StepFailed(f"quantize wrote no quantized node ({where}): {hint}")
 
 
 def subgraph_notice(counted: Census, backend: str) -> str | None:

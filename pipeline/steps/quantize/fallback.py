@@ -78,11 +78,12 @@ Prepare = Callable[[OrtOptions], tuple[quantize_static.Prepared, list[str]]]
 
 def tune(prepared: quantize_static.Prepared, dst: Path, options: OrtOptions, keep_float: list[str],
          feeds: list[Batch], scorer: Scorer, scratch: Path, progress: Callable[[str], None] = lambda _: None,
-         prepare: Prepare | None = None, layout: Layout = AXIS0) -> None:
+         prepare: Prepare | None = None, layout: Layout = AXIS0, log: Callable[[str], None] = lambda _: None) -> None:
     """Write the best model found to `dst` and its record to `dst.parent / tuning.json`. With `prepare`
-    (and fallback.configurations), the configurations are tried before any node goes float."""
+    (and fallback.configurations), the configurations are tried before any node goes float. `progress`
+    hears what is being done now, `log` each trial and configuration once scored (a line in a CI log)."""
     assert options.fallback is not None
-    tuner = _Tuner(prepared, options, keep_float, scorer, scratch / "trial.onnx", progress)
+    tuner = _Tuner(prepared, options, keep_float, scorer, scratch / "trial.onnx", progress, log)
     ranking: list[sensitivity.NodeSensitivity] = []
     plain = tuner.attempt("plain", [])
     assert plain is not None  # the plain model is never below the floor it sets
@@ -96,6 +97,7 @@ def tune(prepared: quantize_static.Prepared, dst: Path, options: OrtOptions, kee
                                                    first_samples(feeds, options.fallback.samples, layout), scratch,
                                                    progress=lambda note: progress(f"fallback: ranking: {note}"))
                        if r.node not in setup.keep_float]
+            log(f"fallback: ranked {len(ranking)} quantized nodes by SQNR")
             order = tuner.refine([r.node for r in ranking], options.fallback)
             tuner.accumulate(order, _blocks(ranking))
     best = tuner.best()
@@ -154,9 +156,10 @@ def count_quantized(path: Path) -> int:
 
 class _Tuner:
     def __init__(self, prepared: quantize_static.Prepared, options: OrtOptions, keep_float: list[str],
-                 scorer: Scorer, path: Path, progress: Callable[[str], None] = lambda _: None) -> None:
+                 scorer: Scorer, path: Path, progress: Callable[[str], None] = lambda _: None,
+                 log: Callable[[str], None] = lambda _: None) -> None:
         self.prepared, self.options, self.keep_float = prepared, options, keep_float
-        self.scorer, self.path, self.progress = scorer, path, progress
+        self.scorer, self.path, self.progress, self.log = scorer, path, progress, log
         self.trials: list[Trial] = []
         self.tried: dict[frozenset[str], Trial | None] = {}
         self.graphs: dict[tuple[str, ...], Trial] = {}  # each trial by its graph's bytes (graph_digest)
@@ -193,7 +196,7 @@ class _Tuner:
         if (same := self.graphs.get(digest)) is not None:
             self.tried[key] = same
             self.same_graph.append({"float_nodes": sorted(nodes), "trial": self.trials.index(same)})
-            self.progress(f"fallback: {len(nodes)} nodes in float write trial {self.trials.index(same) + 1}'s graph "
+            self.log(f"fallback: {len(nodes)} nodes in float write trial {self.trials.index(same) + 1}'s graph "
                           "byte for byte: not a new trial")
             return same
         quantized = count_quantized(self.path)
@@ -204,7 +207,7 @@ class _Tuner:
         if quantized < self.floor:
             self.floor_reached = True
             self.tried[key] = None
-            self.progress(f"fallback: {len(nodes)} nodes in float would leave {quantized} quantized nodes, "
+            self.log(f"fallback: {len(nodes)} nodes in float would leave {quantized} quantized nodes, "
                           f"below the floor of {self.floor}: not tried")
             return None
         self.progress(f"fallback trial {self.spent + 1} of {self._max_trials}: "
@@ -215,9 +218,9 @@ class _Tuner:
                       quantized, self.configuration)
         self.trials.append(trial)
         self.tried[key] = self.graphs[digest] = trial
-        self.progress(f"fallback trial {self.spent} of {self._max_trials}: {len(nodes)} nodes "
-                      f"in float, {quantized} quantized nodes left, {self.scorer.metric} drop {score.drop:.4f} "
-                      f"({'meets' if passed else 'misses'} {self.scorer.allowed_drop:.4f})")
+        self.log(f"fallback trial {self.spent} of {self._max_trials}: {len(nodes)} nodes "
+                 f"in float, {quantized} quantized nodes left, {self.scorer.metric} drop {score.drop:.4f} "
+                 f"({'meets' if passed else 'misses'} {self.scorer.allowed_drop:.4f})")
         return trial
 
     @property
@@ -244,7 +247,7 @@ class _Tuner:
                 prepared, keep_float = prepare(options)
             except StepFailed as exc:  # percentile's histograms refuse -inf (an attention mask's): skip it
                 self.configurations.append({"changes": changes, "error": str(exc), "passed": False})
-                self.progress(f"fallback: configuration {shown}: skipped, it does not calibrate ({exc})")
+                self.log(f"fallback: configuration {shown}: skipped, it does not calibrate ({exc})")
                 continue
             self.setups[_key(changes)] = Setup(prepared, options, keep_float)
             quantize_static.write(prepared, self.path, options, keep_float)
@@ -253,8 +256,8 @@ class _Tuner:
             passed = score.drop <= self.scorer.allowed_drop and not score.fidelity_failed
             self.configurations.append({"changes": changes, "metric": score.metric, "drop": score.drop,
                                         "cosine": score.cosine, "quantized": quantized, "passed": passed})
-            self.progress(f"fallback: configuration {shown}: {quantized} quantized nodes, {self.scorer.metric} drop "
-                          f"{score.drop:.4f} ({'meets' if passed else 'misses'} {self.scorer.allowed_drop:.4f})")
+            self.log(f"fallback: configuration {shown}: {quantized} quantized nodes, {self.scorer.metric} drop "
+                     f"{score.drop:.4f} ({'meets' if passed else 'misses'} {self.scorer.allowed_drop:.4f})")
             if quantized < self.floor or not (passed or _better(score.drop, best_drop)):
                 continue
             best_drop, best_changes = score.drop, changes

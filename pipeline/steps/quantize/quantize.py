@@ -76,6 +76,7 @@ class Quantize(Step[QuantizeCommon]):
     def run(self, src: Path, dst: Path, options: QuantizeCommon, ctx: StepContext) -> None:
         backend = BACKENDS[options.backend]
         backend.require()  # before loading data: a missing backend should fail fast
+        census_check.require_quantizable(src, backend.label)  # as `temper check` forecasts, before any library
         structure = onnx_io.load_structure(src)
         job = Job(src, dst, structure, needs_external_data(structure), ctx.scratch, ctx.layout,
                   lambda layout: calibration_feeds(structure, ctx.calibration(), layout),
@@ -98,7 +99,7 @@ def _tune(job: Job, options: OrtOptions, ctx: StepContext) -> None:
         return ort.prepare(job, chosen, feeds, f"config-{chosen.per_channel}-{chosen.calibration}")
 
     fallback.tune(prepared, job.dst, options, keep_float, feeds, ctx.scorer(), ctx.scratch, ctx.progress,
-                  configured, ctx.layout)
+                  configured, ctx.layout, ctx.log)
 
 
 def rankable(options: object) -> bool:

@@ -134,6 +134,43 @@ def runtime_axes_model(path: Path) -> Path:
     return save_model(nodes, inits, ["batch", 16], ["batch", 1], path)
 
 
+def rate_model(path: Path) -> Path:
+    """x[batch, 16] and a scalar int64 `sr` -> If(sr == 16000), as Silero VAD branches on its sample rate, all its
+    compute inside the branches. The 16 kHz branch (MatMul, then a ReduceSum over axes computed at run time)
+    is what symbolic shape inference asserts on (quant_pre_process fails on it); the other branch's Reshape
+    does not fit a 16-wide row, so the model fails at run time for any rate but 16000 (random values included)."""
+    rng = np.random.default_rng(4)
+    ints = [numpy_helper.from_array(np.array(value, np.int64), name)
+            for name, value in (("one", 1), ("first", [0]), ("second", [1]), ("rate", 16000), ("threes", [-1, 3]))]
+    k16 = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w16"], ["h16"], name="k16_fc"),
+         helper.make_node("Mul", ["x", "zero"], ["zeros"], name="k16_zeros"),
+         helper.make_node("ReduceMin", ["zeros"], ["nought"], keepdims=0, name="k16_nought"),
+         helper.make_node("Cast", ["nought"], ["index"], to=TensorProto.INT64, name="k16_index"),
+         helper.make_node("Add", ["index", "one"], ["axis"], name="k16_axis"),  # 1, known only at run time
+         helper.make_node("Unsqueeze", ["axis", "first"], ["axes"], name="k16_axes"),
+         helper.make_node("ReduceSum", ["h16", "axes"], ["total"], keepdims=0, name="k16_sum"),
+         helper.make_node("Unsqueeze", ["total", "second"], ["y16"], name="k16_column")],
+        "k16", [], [helper.make_tensor_value_info("y16", TensorProto.FLOAT, ["batch", 1])])
+    k8 = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w8"], ["h8"], name="k8_fc"),
+         helper.make_node("Reshape", ["h8", "threes"], ["y8"], name="k8_reshape")],
+        "k8", [], [helper.make_tensor_value_info("y8", TensorProto.FLOAT, ["batch", 1])])
+    graph = helper.make_graph(
+        [helper.make_node("Equal", ["sr", "rate"], ["is16k"], name="is16k"),
+         helper.make_node("If", ["is16k"], ["y"], name="by_rate", then_branch=k16, else_branch=k8)],
+        "rate", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16]),
+                 helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
+        [_init("w16", rng.normal(0, 0.3, (16, 8))), _init("w8", rng.normal(0, 0.3, (16, 4))),
+         _init("zero", np.array(0.0)), *ints])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
 def images(seed: int, rows: int = 16) -> Batch:
     return {"x": np.random.default_rng(seed).normal(0, 1, (rows, 1, 10, 10)).astype(np.float32)}
 

@@ -57,7 +57,8 @@ def opens_sessions(command: Command) -> Command:
     return checked  # type: ignore[return-value]
 
 
-SESSIONLESS = ("promote", "pull", "export-triton", "schema")  # registry moves, downloads, config files: no session
+# registry moves, downloads, config files: no session
+SESSIONLESS = ("promote", "pull", "export-triton", "export-ensemble", "schema")
 
 
 def folder(text: str) -> Path:

@@ -176,6 +176,7 @@ def _numbers(text: str, flag: str, cast: type, low: float) -> list:
 
 
 @app.command()
+@opens_sessions
 def capacity(
     bundle: Annotated[Path, typer.Argument(
         help="serving bundle folder (model.onnx and runtime.json: what `temper pull` writes, or a version folder "

@@ -3,11 +3,12 @@
 A bundle may carry a backup model in its `backup/` folder (itself a bundle: a candidate that passed the same
 gates; for a run's output folder, the fastest passing pair on the selected engine other than the selected one,
 pipeline/outputs.py backup_of). With `temper serve --burst-fallback-ms TARGET` (off by default) every request
-asks `choose()`: the primary's expected latency is the larger of what is queued now ((pending + 1) rows at its
-mean compute time per row, over its instances) and the mean latency of its answers in the last WINDOW_S (0 when
-it answered none, or no request came for two windows: traffic has moved to the backup, or paused, and its queue
-drained); above TARGET the fallback switches on (cause
-`queue_time`) and requests go to the backup, below RECOVER x TARGET it switches back (cause `recovered`).
+asks `choose()`: the primary's expected latency is the larger of what it holds now (the rows sent to it and not
+answered yet, queued or in the batch running, plus one, at its mean compute time per row, over its instances) and
+the mean latency of its answers in the last WINDOW_S (0 when it answered none, or no request came for two
+windows: traffic has moved to the backup, or paused, and its queue drained); above TARGET the fallback switches
+on (cause `queue_time`) and requests go to the backup, below RECOVER x TARGET it switches back (cause
+`recovered`).
 The switches, their cause and the requests each model served show in /metrics (temper_fallback_*) and each
 REST answer's parameters (`temper_served_by`, `temper_fallback_cause`).
 """
@@ -17,10 +18,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from temper.artifacts.runtime import Runtime
 
 log = logging.getLogger("temper.serving")
@@ -49,15 +53,30 @@ class BurstFallback:
         self._lock = threading.Lock()
         self._window = (0.0, 0, 0)  # (monotonic s, successes, their summed ns) at the window's start
         self._recent_ms = 0.0  # the primary's mean latency over the last window (0: it answered none)
+        self._outstanding = 0  # rows sent to the primary and not answered yet: queued, or in a batch running
+
+    def sent(self, future: Future, rows: int) -> None:
+        """Count `rows` sent to the primary until `future` is done (answered, failed or dropped). The batcher's
+        pending count alone misses the rows of the batch running: a request queued behind a batch of 16 waits for
+        all 16, so switching back on the queue alone sends requests into a wait far over the target."""
+        with self._lock:
+            self._outstanding += rows
+
+        def done(_: Future) -> None:
+            with self._lock:
+                self._outstanding -= rows
+
+        future.add_done_callback(done)
 
     def estimate_ms(self) -> float:
-        """The primary's expected latency for a request queued now: the rows queued ahead of it and its own, at the
-        primary's mean compute time per row so far (its batch-1 run before any), over its instances."""
+        """The primary's expected latency for a request queued now: the rows ahead of it (queued or running) and its
+        own, at the primary's mean compute time per row so far (its batch-1 run before any), over its instances."""
         runtime = self.primary
         m = runtime.metrics.snapshot()
         rows = sum(size * times[0] for size, times in m["batches"].items())
         per_row = sum(times[2] for times in m["batches"].values()) / rows / 1e6 if rows else runtime.batch1_ms or 0.0
-        projected = (runtime.pending + 1) * per_row / max(1, runtime.instances or 0)
+        ahead = max(runtime.pending, self._outstanding)
+        projected = (ahead + 1) * per_row / max(1, runtime.instances or 0)
         now = time.monotonic()
         if now - self._window[0] >= WINDOW_S:  # the primary's answers of the last window: their mean latency
             done, spent = m["request_success"] - self._window[1], m["success_ns"] - self._window[2]
@@ -84,3 +103,13 @@ class BurstFallback:
             which = BACKUP if self.active else PRIMARY
             self.served[which] += 1
             return (self.backup if self.active else self.primary), which, self.cause
+
+    def submit(self, inputs: dict[str, np.ndarray], rows: int, inline: bool, timeout_s: float | None) -> Future:
+        """Queue a validated request on the model choose() picks; the future carries which one and why (the
+        answer's parameters), and the rows sent to the primary count until it is done."""
+        runtime, which, cause = self.choose()
+        future = runtime._submit(inputs, rows, inline, timeout_s)
+        if which == PRIMARY:
+            self.sent(future, rows)
+        future.temper_parameters = {"temper_served_by": which, "temper_fallback_cause": cause}  # type: ignore
+        return future

@@ -253,10 +253,7 @@ class Runtime:
             self.metrics.record_failure(OTHER)
             raise
         if self.fallback is not None:  # the burst fallback: the backup while the primary's queue is too long
-            runtime, which, cause = self.fallback.choose()
-            future = runtime._submit(inputs, rows, inline, timeout_s)
-            future.temper_parameters = {"temper_served_by": which, "temper_fallback_cause": cause}  # type: ignore
-            return future
+            return self.fallback.submit(inputs, rows, inline, timeout_s)
         return self._submit(inputs, rows, inline, timeout_s)
 
     def _submit(self, inputs: dict[str, np.ndarray], rows: int, inline: bool,

@@ -250,16 +250,17 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
         raise ValueError(f"cannot serve it from its run: {first_line(exc)}") from exc
 
 
-def backup_of(output: Path) -> str | None:
+def backup_of(output: Path, served: str | None = None) -> str | None:
     """The burst fallback's backup in a run's output folder (artifacts/fallback.py): among the pairs that passed
-    every gate on the selected engine, other than the selected model, the fastest (samples/s at the largest batch
-    size measured); None when none did, or nothing was measured."""
+    every gate on the selected engine, other than the model served (`served`; default the selected one), the
+    fastest (samples/s at the largest batch size measured); None when none did, or nothing was measured."""
     from temper.validators import report_model
 
     report = report_model.load(output / report_model.FILE)
     ranked = []
     for candidate in report.candidates.values():
-        if not candidate.passed or candidate.engine != report.selected_engine or candidate.model == report.selected:
+        if (not candidate.passed or candidate.engine != report.selected_engine
+                or candidate.model == (served or report.selected)):
             continue
         if candidate.throughput:
             top = max(m.batch_size for m in candidate.throughput)

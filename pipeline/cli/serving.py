@@ -86,7 +86,7 @@ def _with_backup(model: str, folder: Path, models: Models, instances: int | None
     assert isinstance(runtime, Runtime), "a single bundle is served by a Runtime"
     found, config = backup_folder(folder), None
     if found is None and (folder.parent / MANIFEST).is_file():  # a run's output folder: its fastest other pass
-        name = backup_of(folder.parent)
+        name = backup_of(folder.parent, folder.name)
         if name is not None:
             found, config = servable(folder.parent / name)
     if found is None:

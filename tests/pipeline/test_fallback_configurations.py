@@ -72,8 +72,9 @@ def _tune(tmp_path: Path, allowed_drop: float, **fallback: object) -> tuple[dict
     notes: list[str] = []
     scratch = tmp_path / "scratch"
     scratch.mkdir()
+    # progress notes and the lines a finished trial or configuration logs (a CI log's lines) alike
     ctx = StepContext([], batches, lambda: batches(1)[0], scratch, lambda: CosineScorer(src, allowed_drop),
-                      notes.append)
+                      notes.append, log=notes.append)
     options = OrtOptions(mode="static", preset=None, fallback={"max_trials": 4, **fallback})
     dst = tmp_path / "out" / "model.onnx"
     dst.parent.mkdir()

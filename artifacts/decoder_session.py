@@ -109,7 +109,8 @@ class DecoderSession:
         out, _ = self.forward(np.asarray([ids], np.int64), self.empty_cache())
         return out[0]
 
-    def generate(self, prompt: Sequence[int], max_new: int, *, loop_window: int = 8, loop_repeats: int = 4) -> Generated:
+    def generate(self, prompt: Sequence[int], max_new: int, *, loop_window: int = 8,
+                 loop_repeats: int = 4) -> Generated:
         """Greedy decoding with the KV cache until an end-of-sequence token, `max_new` tokens, or a loop: the
         last `loop_repeats` spans of some period up to `loop_window` tokens all equal (a model stuck repeating)."""
         logits, past = self.forward(np.asarray([prompt], np.int64), self.empty_cache())

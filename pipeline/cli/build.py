@@ -36,6 +36,7 @@ from temper.pipeline.cli.common import (
     shown,
     step_cache,
 )
+from temper.pipeline.decoders.loading import is_decoder
 from temper.pipeline.loading import LoadedRecipe, load_recipe
 from temper.pipeline.runner import ModelRecord, Runner, RunResult
 
@@ -65,6 +66,10 @@ def run(
 ) -> None:
     """Build the baseline and every candidate, validate them against the recipe's gates, write the output
     folder, and publish the selected candidate when the recipe has a publish section and the gates hold."""
+    if is_decoder(recipe):  # `kind: decoder`: a causal LM's own flow (pipeline/decoders/)
+        from temper.pipeline.cli.decoder import run_decoder
+
+        raise typer.Exit(run_decoder(recipe, output, cache_dir, no_cache, require, allow_build_errors))
     loaded = load_recipe(recipe)
     begin = time.perf_counter()
     with progress() as shown_progress:

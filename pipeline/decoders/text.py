@@ -26,8 +26,9 @@ def _rows(loaded: LoadedDecoder) -> list[str]:
         with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
             if data.column not in (reader.fieldnames or []):
+                columns = ", ".join(reader.fieldnames or [])
                 raise RecipeError(str(loaded.file), "data.column",
-                                  f"{path.name} has no column '{data.column}' (columns: {', '.join(reader.fieldnames or [])})")
+                                  f"{path.name} has no column '{data.column}' (columns: {columns})")
             return [row[data.column] for row in reader if row[data.column].strip()]
     except UnicodeDecodeError:
         raise RecipeError(str(loaded.file), "data.file", f"{path} is not UTF-8 text") from None

@@ -1,0 +1,92 @@
+"""A decoder recipe's whole job as a library: build the baseline and the candidates, gate them, select for the
+workload, commit the output folder (each model's folder, report.json); returns the report and the exit code, as
+pipeline/flow.py does for the CNN/encoder recipes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from temper.artifacts.errors import RecipeError, first_line
+from temper.pipeline.decoders import build
+from temper.pipeline.decoders.loading import LoadedDecoder
+from temper.pipeline.decoders.text import text_set
+from temper.validators.decoder_report import DecoderReport
+from temper.validators.decoder_validation import Built, validate
+
+REPORT = "report.json"
+
+
+@dataclass
+class DecoderOutcome:
+    folder: Path
+    report: DecoderReport
+    missed: list[str] = field(default_factory=list)
+    build_errors: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """0 with a selection (a candidate or the baseline, with its reason); 1 when a --require'd candidate did
+        not pass or a build raised (unless allowed), as for every recipe."""
+        return 1 if self.missed or self.build_errors else 0
+
+
+def _place(src: Path, dst: Path) -> None:
+    """A model folder into the output, copied: onnx refuses external data with several hard links."""
+    dst.mkdir(parents=True)
+    for item in src.iterdir():
+        if item.is_file():
+            shutil.copy2(item, dst / item.name)
+
+
+def _staging(output: Path, file: str) -> Path:
+    if output.exists() and not (output / REPORT).is_file() and any(output.iterdir()):
+        raise RecipeError(file, "--output", f"{output} is a folder temper did not write: give a new or empty one")
+    staged = output.parent / f".{output.name}.partial"
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir(parents=True)
+    return staged
+
+
+def run(loaded: LoadedDecoder, output: Path, cache_root: Path, *, use_cache: bool = True,
+        require: list[str] | None = None, allow_build_errors: bool = False,
+        progress: Callable[[str], None] = lambda _: None) -> DecoderOutcome:
+    recipe, file = loaded.recipe, str(loaded.file)
+    known = [*recipe.candidates, *loaded.searches]
+    for name in require or ():
+        if name not in known:
+            raise RecipeError(file, "--require", f"no candidate named '{name}'; candidates: {', '.join(known)}")
+    staged = _staging(output, file)
+    try:
+        progress("baseline: ONNX Runtime GenAI model builder, FP32")
+        base = build.baseline(loaded, cache_root, use_cache=use_cache)
+        texts = text_set(loaded, base)  # bad text is bad input before any candidate is built
+        _place(base, staged / "baseline")
+        built: dict[str, Built] = {}
+        not_built: dict[str, str] = {}
+        for name, spec in recipe.candidates.items():
+            progress(f"{name}: {spec.weights.method}")
+            options = spec.weights
+            try:
+                folder = build.candidate(base, options, staged / name)
+            except Exception as exc:  # a library's failure on one candidate: reported, the others go on
+                not_built[name] = first_line(exc)
+                shutil.rmtree(staged / name, ignore_errors=True)
+                continue
+            expected = "8-bit" if options.method == "int8-dynamic" else f"{options.bits}-bit"
+            built[name] = Built(folder, options.model_dump(exclude_unset=True) | {"method": options.method}, expected)
+        report = validate(recipe.name, staged / "baseline", built, texts.sequences, texts.prompts,
+                          recipe.validation, recipe.select, not_built=not_built, searches=loaded.searches,
+                          progress=progress)
+        (staged / REPORT).write_text(json.dumps(report.model_dump(mode="json"), indent=2) + "\n")
+        shutil.rmtree(output, ignore_errors=True)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        staged.rename(output)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    passing = {n for n, m in report.candidates.items() if m.passed}
+    missed = [n for n in require or () if not ({n} | set(loaded.searches.get(n, ()))) & passing]
+    return DecoderOutcome(output, report, missed, [] if allow_build_errors else sorted(not_built))

@@ -111,7 +111,7 @@ def validate(recipe: str, baseline: Path, built: dict[str, Built], sequences: Se
                             nll_delta_interval=(delta.low, delta.high) if delta.low is not None
                             and delta.high is not None else None, agreement=quality.agreement, kl=quality.kl,
                             sequences=len(sequences), tokens=quality.tokens),
-            generation=Generation(stopped=[g.stopped for g in generated],  # type: ignore[misc]
+            generation=Generation(stopped=[g.stopped for g in generated],
                                   tokens=[len(g.tokens) for g in generated]),
             speed=None, gates=gates, passed=all(g.passed for g in gates), meets_workload=False)
         del session
@@ -129,7 +129,7 @@ def validate(recipe: str, baseline: Path, built: dict[str, Built], sequences: Se
     base_speed = _speed(figures["baseline"], s.rounds)
     base_model = DecoderModel(
         weights={}, census=weight_census(baseline / base.layout.filename), size_mb=_size_mb(baseline),
-        quality=None, generation=Generation(stopped=[g.stopped for g in reference],  # type: ignore[misc]
+        quality=None, generation=Generation(stopped=[g.stopped for g in reference],
                                             tokens=[len(g.tokens) for g in reference]),
         speed=base_speed, gates=[], passed=True,
         meets_workload=meets(base_speed, workload.ttft_ms_max, workload.decode_tokens_per_s_min))

@@ -17,7 +17,7 @@ def to_hf(gguf: Path, out: Path) -> None:
     folder, name = str(gguf.parent), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
-    model.hf_quantizer = None  # dequantized already: saved as plain FP32 weights
+    model.hf_quantizer = None  # type: ignore[assignment]  # dequantized already: saved as plain FP32 weights
     model.config.__dict__.pop("quantization_config", None)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -3,6 +3,7 @@ schema, then every file it names; each problem is one line naming the file and t
 
 from __future__ import annotations
 
+import csv
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,8 +45,10 @@ def expand(candidates: Any) -> tuple[Any, dict[str, list[str]]]:
     searches: dict[str, list[str]] = {}
     for name, spec in candidates.items():
         weights = spec.get("weights") if isinstance(spec, dict) else None
-        listed = {k: v for k, v in weights.items() if k in SEARCHABLE and isinstance(v, list) and v} \
-            if isinstance(weights, dict) else {}
+        if not isinstance(weights, dict):
+            result[name] = spec
+            continue
+        listed = {k: v for k, v in weights.items() if k in SEARCHABLE and isinstance(v, list) and v}
         if not listed:
             result[name] = spec
             continue
@@ -102,6 +105,16 @@ def _files_exist(loaded: LoadedDecoder) -> None:
             raise RecipeError(file, "model.hf", f"{where} has no config.json: not a transformers model folder")
         if key == "onnx" and not (where / "genai_config.json").is_file():
             raise RecipeError(file, "model.onnx", f"{where} has no genai_config.json: not a model builder folder")
-    text = loaded.path(loaded.recipe.data.file)
+    data = loaded.recipe.data
+    text = loaded.path(data.file)
     if not text.is_file():
         raise RecipeError(file, "data.file", f"no file {text}")
+    if data.column is not None:
+        try:
+            with text.open(newline="", encoding="utf-8") as handle:
+                header = next(csv.reader(handle), [])
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RecipeError(file, "data.file", f"cannot read {text} as UTF-8 CSV: {exc}") from None
+        if data.column not in header:
+            raise RecipeError(file, "data.column", f"{text.name} has no column '{data.column}' "
+                              f"(columns: {', '.join(header) or 'none'})")

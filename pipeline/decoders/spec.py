@@ -41,6 +41,12 @@ class TextData(Strict):
     prompts: PositiveInt = Field(2, description="prompts of the greedy generation check (the first rows)")
     prompt_tokens: int = Field(16, ge=1, description="tokens of each generation prompt")
 
+    @model_validator(mode="after")
+    def _column(self) -> TextData:
+        if self.file.endswith(".csv") != (self.column is not None):
+            raise ValueError("data.column names the text column of a .csv file (and only of one)")
+        return self
+
 
 class WeightOptions(Strict):
     """How a candidate's weight matrices are stored. `int8-dynamic`: ONNX Runtime's quantize_dynamic on every
@@ -86,6 +92,4 @@ class DecoderRecipe(Strict):
     def _names(self) -> DecoderRecipe:
         if "baseline" in self.candidates:
             raise ValueError("'baseline' is reserved for the FP32 model; rename the candidate")
-        if self.data.file.endswith(".csv") != (self.data.column is not None):
-            raise ValueError("data.column names the text column of a .csv file (and only of one)")
         return self

@@ -1,0 +1,54 @@
+"""Bad decoder recipes: one line naming the file and the key, exit 2, before anything is built."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CliResult
+from tests.pipeline.decoders.tiny import TEXT, write_recipe
+
+
+@pytest.fixture
+def hf(tmp_path: Path) -> Path:
+    """A folder that looks like a transformers model to the loader (nothing in these tests reaches the builder)."""
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+def _one_line(result: CliResult, recipe: Path, key: str, words: str) -> None:
+    assert result.code == 2, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert str(recipe) in lines[0].replace("\n", "") and f": {key}: " in lines[0] and words in lines[0], lines[0]
+
+
+@pytest.mark.parametrize(("changes", "key", "words"), [
+    ({"model": {"hf": "nowhere"}}, "model.hf", "no folder"),
+    ({"model": {"hf": "x", "gguf": "y.gguf"}}, "model", "exactly one of"),
+    ({"model": {"gguf": "missing.gguf"}}, "model.gguf", "no file"),
+    ({"data": {"file": "missing.txt"}}, "data.file", "no file"),
+    ({"data": {"file": str(TEXT), "column": "body"}}, "data.column", "no column 'body'"),
+    ({"data": {"file": str(TEXT)}}, "data", "data.column names the text column"),
+    ({"candidates": {"int8": {"weights": {"method": "int8-dynamic", "bits": 4}}}}, "candidates.int8.weights",
+     "'bits' applies to method matmul-nbits only"),
+    ({"candidates": {"q": {"weights": {"method": "matmul-nbits", "bits": 3}}}}, "candidates.q.weights.bits", "4 or 8"),
+    ({"candidates": {"q": {"weights": {"method": "matmul-nbits", "block_size": [32, 48]}}}},
+     "candidates.q-b48.weights.block_size", "16, 32, 64, 128 or 256"),
+    ({"candidates": {"baseline": {"weights": {"method": "int8-dynamic"}}}}, "", "'baseline' is reserved"),
+    ({"validate": {"quality": {"agreement_min": 1.5}}}, "validate.quality.agreement_min", "less than or equal"),
+    ({"select": {"workload": "chat"}}, "select.workload", "'decode' or 'prefill'"),
+])
+def test_a_bad_decoder_recipe_is_one_line_naming_its_key(temper: Callable[..., CliResult], tmp_path: Path, hf: Path,
+                                                          changes: dict[str, object], key: str, words: str) -> None:
+    recipe = write_recipe(tmp_path / "recipe.yaml", hf, **changes)
+    result = temper("run", str(recipe), "--output", str(tmp_path / "out"))
+    if key:
+        _one_line(result, recipe, key, words)
+    else:
+        assert result.code == 2 and words in result.stderr and str(recipe) in result.stderr.replace("\n", "")
+    assert not (tmp_path / "out").exists()

@@ -75,3 +75,21 @@ def test_a_model_against_itself_is_exactly_equal(baseline: Path) -> None:
     quality = compare([list(range(3, 35)), list(range(100, 132))], session.logits, session.logits, 0.95)
     assert quality.delta.mean == 0 and quality.delta.high == 0 and quality.agreement == 1 and quality.kl == 0
     assert quality.tokens == 62 and quality.baseline_perplexity == quality.candidate_perplexity > 1
+
+
+def test_text_too_short_for_the_asked_sequences_is_bad_input(baseline: Path, tmp_path: Path) -> None:
+    from temper.artifacts.errors import RecipeError
+    from temper.pipeline.decoders.text import text_set
+
+    short = tmp_path / "short.txt"
+    short.write_text("a few words\nand a second line\n")
+    recipe = write_recipe(tmp_path / "recipe.yaml", tmp_path, model={"onnx": str(baseline)},
+                          data={"file": str(short), "sequences": 4, "sequence_length": 16})
+    loaded = load_decoder(recipe)
+    with pytest.raises(RecipeError) as caught:
+        text_set(loaded, baseline)
+    assert caught.value.key == "data.sequences" and "1 sequences of 16, not 4" in caught.value.message
+    enough = text_set(load_decoder(write_recipe(recipe, tmp_path, model={"onnx": str(baseline)},
+                                                data={"file": str(short), "sequences": 1, "sequence_length": 16,
+                                                      "prompts": 2, "prompt_tokens": 5})), baseline)
+    assert [len(s) for s in enough.sequences] == [16] and [len(p) for p in enough.prompts] == [5, 5]

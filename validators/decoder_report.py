@@ -27,7 +27,7 @@ class _Model(BaseModel):
 
 class DecoderGate(_Model):
     name: str = Field(description='"build", "precision", "nll_delta", "agreement", "kl", "generation"')
-    kind: Literal["build", "precision", "quality", "generation"]
+    kind: Literal["build", "precision", "quality", "generation", "export"]
     passed: bool
     measured: float | None
     budget: float | None
@@ -74,6 +74,18 @@ class DecoderModel(_Model):
     meets_workload: bool = Field(description="its medians meet select's ttft_ms_max and decode_tokens_per_s_min")
 
 
+class ExportCheck(_Model):
+    """The FP32 ONNX baseline against its source framework (transformers) on the same text."""
+
+    source: str = Field(description='"transformers" (the recipe\'s hf folder or gguf file as transformers reads it)')
+    source_perplexity: float
+    nll_delta: float = Field(description="mean over sequences of (ONNX baseline NLL - source NLL), nats per token")
+    nll_delta_interval: Interval | None
+    agreement: float = Field(description="share of next tokens whose argmax is the source's")
+    gates: list[DecoderGate]
+    passed: bool
+
+
 class SpeedSetup(_Model):
     prompt_length: int
     decode_tokens: int
@@ -92,6 +104,8 @@ class DecoderReport(_Model):
     host: HostProfile
     baseline: DecoderModel
     baseline_perplexity: float = Field(description="the FP32 baseline's perplexity on the recipe's text")
+    export: ExportCheck | None = Field(description="the baseline against its source framework (null for an onnx "
+                                       "source, or with validate.export: null)")
     speed_setup: SpeedSetup
     workload: Literal["decode", "prefill"]
     ttft_ms_max: float | None

@@ -35,9 +35,18 @@ class SpeedSpec(Strict):
     threads: PositiveInt | None = Field(None, description="intra-op threads (default: ONNX Runtime's)")
 
 
+class ExportSpec(Strict):
+    """The FP32 ONNX baseline against its source framework (transformers) on the recipe's text."""
+
+    nll_delta_max: float = Field(0.01, ge=0, description="nats per token: the paired interval of the baseline's NLL "
+                                 "minus the source's must lie within plus or minus this")
+    agreement_min: float = Field(0.98, ge=0, le=1, description="share of next tokens whose argmax is the source's")
+
+
 class DecoderValidate(Strict):
     quality: QualitySpec = QualitySpec()
     speed: SpeedSpec = SpeedSpec()
+    export: ExportSpec | None = Field(ExportSpec(), description="null: skip the check against the source")
 
 
 class WorkloadSelect(Strict):

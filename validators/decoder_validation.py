@@ -27,6 +27,7 @@ from temper.validators.decoder_report import (
 )
 from temper.validators.decoder_selection import meets, select
 from temper.validators.decoder_spec import DecoderValidate, QualitySpec, WorkloadSelect
+from temper.validators.export_check import check
 from temper.validators.perplexity import compare, sequence_nll
 
 DECODE_PATH = ("ONNX Runtime CPU, KV cache on: the prompt in one prefill call, then one token per call with the "
@@ -92,9 +93,14 @@ def _speed(figures: decode_speed.DecodeSpeed, rounds: int) -> Speed:
 def validate(recipe: str, baseline: Path, built: dict[str, Built], sequences: Sequence[Sequence[int]],
              prompts: Sequence[Sequence[int]], spec: DecoderValidate, workload: WorkloadSelect, *,
              not_built: dict[str, str] | None = None, searches: dict[str, list[str]] | None = None,
+             source_view: dict[str, list] | None = None,
              progress: Callable[[str], None] = lambda _: None) -> DecoderReport:
+    """`source_view`: the source framework's per-sequence NLL and argmax (pipeline/decoders/source_logits.py) on
+    `sequences`, which the baseline is gated against when the recipe asks (validate.export)."""
     q, s = spec.quality, spec.speed
     base = DecoderSession(baseline, threads=s.threads)
+    export = (check("transformers", source_view, sequences, base.logits, spec.export, q.confidence)
+              if source_view is not None and spec.export is not None else None)
     reference = _generate(base, prompts, q)
     models: dict[str, DecoderModel] = {}
     for name, item in built.items():
@@ -131,13 +137,13 @@ def validate(recipe: str, baseline: Path, built: dict[str, Built], sequences: Se
         weights={}, census=weight_census(baseline / base.layout.filename), size_mb=_size_mb(baseline),
         quality=None, generation=Generation(stopped=[g.stopped for g in reference],
                                             tokens=[len(g.tokens) for g in reference]),
-        speed=base_speed, gates=[], passed=True,
+        speed=base_speed, gates=export.gates if export else [], passed=export.passed if export else True,
         meets_workload=meets(base_speed, workload.ttft_ms_max, workload.decode_tokens_per_s_min))
     selected, reason = select(models, base_model, workload.workload, workload.ttft_ms_max,
                               workload.decode_tokens_per_s_min)
     return DecoderReport(
         schema_version=SCHEMA_VERSION, kind="decoder", recipe=recipe, host=profile(), baseline=base_model,
-        baseline_perplexity=math.exp(sum(base_nll) / len(base_nll)),
+        baseline_perplexity=math.exp(sum(base_nll) / len(base_nll)), export=export,
         speed_setup=SpeedSetup(prompt_length=s.prompt_length, decode_tokens=s.decode_tokens,
                                batch_size=s.batch_size, rounds=s.rounds, confidence=s.confidence,
                                decode_path=DECODE_PATH),

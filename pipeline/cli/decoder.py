@@ -46,6 +46,11 @@ def run_decoder(recipe: Path, output: Path | None, cache_dir: Path | None, no_ca
     out.print(_table(report))
     for name, why in report.not_built.items():
         err.print(f"[red]not built[/red] {name}: {why}", soft_wrap=True)
+    if report.export is not None:
+        e = report.export
+        verdict = "pass" if e.passed else "FAIL: " + ", ".join(g.name for g in e.gates if not g.passed)
+        out.print(f"baseline vs {e.source}: perplexity {report.baseline_perplexity:.3f} vs {e.source_perplexity:.3f}, "
+                  f"ΔNLL {e.nll_delta:+.4f}, agreement {e.agreement:.3f}: {verdict}", soft_wrap=True)
     out.print(f"decode path: {report.speed_setup.decode_path}", soft_wrap=True)
     out.print(f"selected: {report.selected} — {report.selection_reason}", soft_wrap=True)
     out.print(f"wrote {shown(outcome.folder)} in {time.perf_counter() - begin:.1f}s")

@@ -43,6 +43,11 @@ def _run(command: list[str], what: str, file: str, key: str) -> None:
         raise RecipeError(file, key, f"{what} failed: {lines[-1] if lines else f'exit {done.returncode}'}")
 
 
+def run_module(arguments: list[str], what: str, file: str, key: str) -> None:
+    """`python -m ARGUMENTS` in a process of its own (torch and the weights leave with it); a failure is one line."""
+    _run([sys.executable, "-m", *arguments], what, file, key)
+
+
 def baseline(loaded: LoadedDecoder, cache_root: Path, *, use_cache: bool = True) -> Path:
     """The FP32 decoder folder: the recipe's own ONNX folder, else the builder's output (cached)."""
     source = loaded.recipe.model

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +31,9 @@ class DecoderOutcome:
     @property
     def exit_code(self) -> int:
         """0 with a selection (a candidate or the baseline, with its reason); 1 when a --require'd candidate did
-        not pass or a build raised (unless allowed), as for every recipe."""
-        return 1 if self.missed or self.build_errors else 0
+        not pass or a build raised (unless allowed), as for every recipe, or when the FP32 baseline does not match
+        its source framework (every comparison is against it)."""
+        return 1 if self.missed or self.build_errors or not self.report.baseline.passed else 0
 
 
 def _place(src: Path, dst: Path) -> None:
@@ -51,6 +53,25 @@ def _staging(output: Path, file: str) -> Path:
     return staged
 
 
+def _source_view(loaded: LoadedDecoder, sequences: list[list[int]],
+                 progress: Callable[[str], None]) -> dict[str, list] | None:
+    """transformers' NLL and argmax on the sequences (a process of its own), for the export gates; None for an
+    ONNX source or with `validate.export: null`."""
+    model = loaded.recipe.model
+    source = model.hf or model.gguf
+    if source is None or loaded.recipe.validation.export is None:
+        return None
+    progress("baseline: against transformers on the same text")
+    with tempfile.TemporaryDirectory(prefix="temper-source-") as work:
+        given, result = Path(work) / "sequences.json", Path(work) / "view.json"
+        given.write_text(json.dumps(sequences))
+        build.run_module(["temper.pipeline.decoders.source_logits", str(loaded.path(source)), str(given),
+                          str(result)], "running the source model in transformers", str(loaded.file),
+                         "model.hf" if model.hf else "model.gguf")
+        view: dict[str, list] = json.loads(result.read_text())
+        return view
+
+
 def run(loaded: LoadedDecoder, output: Path, cache_root: Path, *, use_cache: bool = True,
         require: list[str] | None = None, allow_build_errors: bool = False,
         progress: Callable[[str], None] = lambda _: None) -> DecoderOutcome:
@@ -64,6 +85,7 @@ def run(loaded: LoadedDecoder, output: Path, cache_root: Path, *, use_cache: boo
         progress("baseline: ONNX Runtime GenAI model builder, FP32")
         base = build.baseline(loaded, cache_root, use_cache=use_cache)
         texts = text_set(loaded, base)  # bad text is bad input before any candidate is built
+        view = _source_view(loaded, texts.sequences, progress)
         _place(base, staged / "baseline")
         built: dict[str, Built] = {}
         not_built: dict[str, str] = {}
@@ -80,7 +102,7 @@ def run(loaded: LoadedDecoder, output: Path, cache_root: Path, *, use_cache: boo
             built[name] = Built(folder, options.model_dump(exclude_unset=True) | {"method": options.method}, expected)
         report = validate(recipe.name, staged / "baseline", built, texts.sequences, texts.prompts,
                           recipe.validation, recipe.select, not_built=not_built, searches=loaded.searches,
-                          progress=progress)
+                          source_view=view, progress=progress)
         (staged / REPORT).write_text(json.dumps(report.model_dump(mode="json"), indent=2) + "\n")
         shutil.rmtree(output, ignore_errors=True)
         output.parent.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,10 @@ def test_a_decoder_recipe_builds_gates_and_selects(temper: Callable[..., CliResu
         assert (tmp_path / "out" / name / "model.onnx").is_file()
     assert f"selected: {report['selected']} — " in result.stdout
     assert "no IO binding" in report["speed_setup"]["decode_path"]
+    export = report["export"]
+    assert export["passed"] and export["agreement"] == 1.0 and abs(export["nll_delta"]) < 1e-4
+    assert [g["name"] for g in report["baseline"]["gates"]] == ["export.nll_delta", "export.agreement"]
+    assert "baseline vs transformers: perplexity" in result.stdout
     assert report["passed"] == (report["selected"] != "baseline")
 
 
@@ -59,3 +63,29 @@ def test_budgets_no_candidate_can_hold_select_the_baseline_and_a_required_one_fa
     assert {"agreement", "kl"} <= failed and report["candidates"]["int8"]["speed"] is None
     assert report["selected"] == "baseline" and not report["passed"]
     assert "int8: failed" in report["selection_reason"] and "--require int8: did not pass" in result.stderr
+
+
+def test_a_baseline_that_no_longer_matches_its_source_fails_the_job(temper: Callable[..., CliResult], tmp_path: Path,
+                                                                   hf: Path, isolated_cache: Path) -> None:
+    """The builder's output, cached, then changed the way a faulty exporter would (the LM head's weights scaled):
+    the baseline's gates against transformers catch it and the job exits 1, whatever the candidates did."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    recipe = write_recipe(tmp_path / "recipe.yaml", hf, candidates={"int8": {"weights": {"method": "int8-dynamic"}}},
+                          validate={"quality": {"generation_tokens": 4, "agreement_min": 0.5},
+                                    "speed": {"prompt_length": 8, "decode_tokens": 2, "rounds": 2}})
+    assert temper("run", str(recipe), "--output", str(tmp_path / "first")).code == 0
+    (cached,) = (isolated_cache / "decoders").glob("*/model.onnx")
+    model = onnx.load(str(cached))
+    head = next(t for t in model.graph.initializer if t.name.startswith("lm_head"))
+    head.CopyFrom(numpy_helper.from_array((numpy_helper.to_array(head) * 1.5).astype(np.float32), head.name))
+    (cached.parent / "model.onnx.data").unlink()
+    onnx.save_model(model, str(cached), save_as_external_data=True, location="model.onnx.data")
+    result = temper("run", str(recipe), "--output", str(tmp_path / "second"))
+    assert result.code == 1, result.stdout + result.stderr
+    report = json.loads((tmp_path / "second" / "report.json").read_text())
+    assert not report["export"]["passed"] and not report["baseline"]["passed"]
+    assert "export.nll_delta" in {g["name"] for g in report["baseline"]["gates"] if not g["passed"]}
+    assert "baseline vs transformers" in result.stdout and "FAIL: export.nll_delta" in result.stdout

@@ -46,6 +46,7 @@ def test_smollm2_goes_through_the_decoder_gates(temper: Callable[..., CliResult]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     jsonschema.validate(report, json.loads((REPO / "validators" / "decoder_report.schema.json").read_text()))
     assert 3 < report["baseline_perplexity"] < 200  # a language model on English, not noise
+    assert report["export"]["passed"], report["export"]  # the builder's graph computes what transformers does
     assert report["baseline"]["census"] == {"4-bit": 0, "8-bit": 0, "float": 151}  # 30 layers x 5, lm_head
     q8, int8 = report["candidates"]["q8"], report["candidates"]["int8"]
     assert q8["census"] == int8["census"] == {"4-bit": 0, "8-bit": 151, "float": 0}

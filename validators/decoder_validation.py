@@ -41,6 +41,7 @@ class Built:
     folder: Path
     weights: dict[str, Any]
     expected: str  # "4-bit" or "8-bit"
+    kept_float: int = 0  # weight matrices the recipe keeps in float (weights.keep_float)
 
 
 def _size_mb(folder: Path) -> float:
@@ -54,14 +55,18 @@ def _generate(session: DecoderSession, prompts: Sequence[Sequence[int]], spec: Q
 
 def _gates(built: Built, census: dict[str, int], quality: Any, generated: list[Generated],
            reference: list[Generated], spec: QualitySpec) -> list[DecoderGate]:
+    total = sum(census.values())
     share = weight_share(census, built.expected)
+    exact = census.get(built.expected, 0) == total - built.kept_float and census.get("float", 0) == built.kept_float
+    kept = f" but the {built.kept_float} keep_float names" if built.kept_float else ""
     delta = quality.delta
     upper = delta.high if delta.high is not None else delta.mean
     interval = (delta.low, delta.high) if delta.low is not None and delta.high is not None else None
     loops = [i for i, (g, r) in enumerate(zip(generated, reference)) if g.stopped == "loop" and r.stopped != "loop"]
     return [
-        DecoderGate(name="precision", kind="precision", passed=share == 1.0, measured=share, budget=1.0, interval=None,
-                    detail=f"{census}: every weight matrix must be {built.expected}"),
+        DecoderGate(name="precision", kind="precision", passed=exact, measured=share,
+                    budget=(total - built.kept_float) / total if total else 1.0, interval=None,
+                    detail=f"{census}: every weight matrix{kept} must be {built.expected}"),
         DecoderGate(name="nll_delta", kind="quality", passed=upper <= spec.nll_delta_max, measured=delta.mean,
                     budget=spec.nll_delta_max, interval=interval,
                     detail=f"perplexity {quality.candidate_perplexity:.3f} vs {quality.baseline_perplexity:.3f}; "

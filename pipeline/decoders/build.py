@@ -88,19 +88,36 @@ def _side_files(src: Path, dst: Path) -> None:
             shutil.copy2(src / name, dst / name)
 
 
-def candidate(base: Path, options: WeightOptions, out: Path) -> Path:
-    """`out`: the baseline's weights stored as `options` says, beside the baseline's side files."""
+def kept_float(base: Path, options: WeightOptions) -> list[str]:
+    """The weight MatMuls `keep_float` names (by a part of their node name): left out of quantization."""
+    import onnx
+
+    from temper.artifacts.decoder_session import DecoderLayout
+
+    if not options.keep_float:
+        return []
+    graph = onnx.load(str(base / DecoderLayout.read(base).filename), load_external_data=False).graph
+    constants = {t.name for t in graph.initializer}
+    return [n.name for n in graph.node if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in constants
+            and any(part in n.name for part in options.keep_float)]
+
+
+def candidate(base: Path, options: WeightOptions, out: Path) -> tuple[Path, list[str]]:
+    """`out`: the baseline's weights stored as `options` says, beside the baseline's side files; and the weight
+    MatMuls left in float."""
     import onnx
 
     from temper.artifacts.decoder_session import DecoderLayout
 
     out.mkdir(parents=True, exist_ok=True)
     name = DecoderLayout.read(base).filename
+    kept = kept_float(base, options)
     if options.method == "int8-dynamic":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         quantize_dynamic(base / name, out / name, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-                         use_external_data_format=True, extra_options={"MatMulConstBOnly": True})
+                         nodes_to_exclude=kept, use_external_data_format=True,
+                         extra_options={"MatMulConstBOnly": True})
     else:
         from onnxruntime.quantization.matmul_nbits_quantizer import (
             DefaultWeightOnlyQuantConfig,
@@ -112,15 +129,15 @@ def candidate(base: Path, options: WeightOptions, out: Path) -> Path:
                   if options.algorithm == "hqq" else
                   DefaultWeightOnlyQuantConfig(block_size=options.block_size, is_symmetric=options.symmetric,
                                                accuracy_level=options.accuracy_level or None, bits=options.bits))
-        quantizer = MatMulNBitsQuantizer(onnx.load(str(base / name)), algo_config=config)
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(base / name)), algo_config=config, nodes_to_exclude=kept)
         quantizer.process()
         model = quantizer.model.model
         for node in model.graph.node:  # HQQ does not set it: every MatMulNBits gets the recipe's compute type
             if node.op_type == "MatMulNBits" and options.accuracy_level:
-                kept = [a for a in node.attribute if a.name != "accuracy_level"]
+                others = [a for a in node.attribute if a.name != "accuracy_level"]
                 del node.attribute[:]
-                node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", options.accuracy_level)])
+                node.attribute.extend([*others, onnx.helper.make_attribute("accuracy_level", options.accuracy_level)])
         onnx.save_model(model, str(out / name), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=f"{name}.data", size_threshold=1024)
     _side_files(base, out)
-    return out
+    return out, kept

@@ -93,13 +93,14 @@ def run(loaded: LoadedDecoder, output: Path, cache_root: Path, *, use_cache: boo
             progress(f"{name}: {spec.weights.method}")
             options = spec.weights
             try:
-                folder = build.candidate(base, options, staged / name)
+                folder, kept = build.candidate(base, options, staged / name)
             except Exception as exc:  # a library's failure on one candidate: reported, the others go on
                 not_built[name] = first_line(exc)
                 shutil.rmtree(staged / name, ignore_errors=True)
                 continue
             expected = "8-bit" if options.method == "int8-dynamic" else f"{options.bits}-bit"
-            built[name] = Built(folder, options.model_dump(exclude_unset=True) | {"method": options.method}, expected)
+            weights = options.model_dump(exclude_unset=True) | {"method": options.method}
+            built[name] = Built(folder, weights, expected, len(kept))
         report = validate(recipe.name, staged / "baseline", built, texts.sequences, texts.prompts,
                           recipe.validation, recipe.select, not_built=not_built, searches=loaded.searches,
                           source_view=view, progress=progress)

@@ -62,6 +62,9 @@ class WeightOptions(Strict):
     accuracy_level: Literal[0, 1, 2, 3, 4] = Field(4, description="MatMulNBits' compute type: 0 unset, "
                                                    "1 fp32, 2 fp16, 3 bf16, 4 int8 (the CPU's fast path)")
 
+    keep_float: list[str] = Field(default_factory=list, description="weight MatMuls whose node name holds one of "
+                                  "these stay float (e.g. [lm_head]): the precision gate expects exactly those")
+
     @model_validator(mode="after")
     def _fits(self) -> WeightOptions:
         nbits = {"bits", "algorithm", "block_size", "symmetric", "accuracy_level"} & self.model_fields_set

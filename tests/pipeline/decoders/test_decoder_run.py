@@ -23,14 +23,18 @@ def hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_decoder_recipe_builds_gates_and_selects(temper: Callable[..., CliResult], tmp_path: Path, hf: Path) -> None:
-    recipe = write_recipe(tmp_path / "recipe.yaml", hf)
+    recipe = write_recipe(tmp_path / "recipe.yaml", hf, candidates={
+        "int8": {"weights": {"method": "int8-dynamic", "keep_float": ["lm_head"]}},
+        "q4": {"weights": {"method": "matmul-nbits", "algorithm": ["rtn", "hqq"], "block_size": 32}}})
     result = temper("run", str(recipe), "--output", str(tmp_path / "out"))
     assert result.code == 0, result.stdout + result.stderr
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     jsonschema.validate(report, SCHEMA)
     assert report["kind"] == "decoder" and set(report["candidates"]) == {"int8", "q4-rtn", "q4-hqq"}
     assert report["searches"] == {"q4": ["q4-rtn", "q4-hqq"]}
-    assert report["candidates"]["int8"]["census"] == {"4-bit": 0, "8-bit": 11, "float": 0}
+    assert report["candidates"]["int8"]["census"] == {"4-bit": 0, "8-bit": 10, "float": 1}  # lm_head kept
+    precision = next(g for g in report["candidates"]["int8"]["gates"] if g["name"] == "precision")
+    assert precision["passed"] and precision["budget"] == 10 / 11
     assert report["candidates"]["q4-hqq"]["census"] == {"4-bit": 11, "8-bit": 0, "float": 0}
     assert report["baseline"]["census"] == {"4-bit": 0, "8-bit": 0, "float": 11}
     for name, model in report["candidates"].items():

@@ -32,7 +32,18 @@ def _shown(speed: Speed, workload: str) -> str:
     return f"{what} {ratio:.2f}x{spread} the baseline's"
 
 
-def pick(candidates: dict[str, DecoderModel], workload: str) -> tuple[str | None, list[str]]:
+def missed(speed: Speed, ttft_ms_max: float | None, tokens_per_s_min: float | None) -> str:
+    """Which of the workload's limits `speed` misses, in words."""
+    parts = []
+    if ttft_ms_max is not None and speed.ttft_ms > ttft_ms_max:
+        parts.append(f"TTFT {speed.ttft_ms:.1f} ms > {ttft_ms_max:g}")
+    if tokens_per_s_min is not None and speed.decode_tokens_per_s < tokens_per_s_min:
+        parts.append(f"decode {speed.decode_tokens_per_s:.1f} tokens/s < {tokens_per_s_min:g}")
+    return ", ".join(parts)
+
+
+def pick(candidates: dict[str, DecoderModel], workload: str, ttft_ms_max: float | None = None,
+         tokens_per_s_min: float | None = None) -> tuple[str | None, list[str]]:
     """The winner for `workload` (None when none is eligible), and one line per candidate passed over."""
     eligible: list[tuple[float, float, str]] = []
     passed_over: list[str] = []
@@ -42,7 +53,8 @@ def pick(candidates: dict[str, DecoderModel], workload: str) -> tuple[str | None
             passed_over.append(f"{name}: failed {', '.join(failed)}")
             continue
         if not model.meets_workload or model.speed is None:
-            passed_over.append(f"{name}: misses the workload's limits")
+            why = missed(model.speed, ttft_ms_max, tokens_per_s_min) if model.speed else "not timed"
+            passed_over.append(f"{name}: misses the workload's limits ({why})")
             continue
         ratio, interval = _figure(model.speed, workload)
         if ratio is None or interval is None or interval[0] <= 1.0:
@@ -55,17 +67,18 @@ def pick(candidates: dict[str, DecoderModel], workload: str) -> tuple[str | None
 def select(candidates: dict[str, DecoderModel], baseline: DecoderModel, workload: str,
            ttft_ms_max: float | None, tokens_per_s_min: float | None) -> tuple[str, str]:
     """(selected, reason): the workload's pick, else the baseline with why no candidate was picked."""
-    winner, passed_over = pick(candidates, workload)
+    winner, passed_over = pick(candidates, workload, ttft_ms_max, tokens_per_s_min)
     other = "prefill" if workload == "decode" else "decode"
-    other_winner, _ = pick(candidates, other)
+    other_winner, _ = pick(candidates, other, ttft_ms_max, tokens_per_s_min)
     limits = ", ".join(part for part in (f"TTFT <= {ttft_ms_max:g} ms" if ttft_ms_max else "",
                                          f"decode >= {tokens_per_s_min:g} tokens/s" if tokens_per_s_min else "")
                        if part) or "no limits"
     if winner is None:
         base_ok = meets(baseline.speed, ttft_ms_max, tokens_per_s_min)
         why = "; ".join(passed_over) or "no candidate"
+        base_miss = "" if base_ok or baseline.speed is None else missed(baseline.speed, ttft_ms_max, tokens_per_s_min)
         return "baseline", (f"no candidate is eligible for the {workload} workload ({limits}): {why}"
-                            + ("" if base_ok else "; the baseline misses the limits too"))
+                            + (f"; the baseline misses them too ({base_miss})" if base_miss else ""))
     model = candidates[winner]
     assert model.speed is not None
     reason = (f"{winner}: fastest for the {workload} workload, {_shown(model.speed, workload)} "

@@ -10,6 +10,7 @@ the bytes of the source and the builder's version.
 from __future__ import annotations
 
 import hashlib
+import logging
 import shutil
 import subprocess
 import sys
@@ -112,6 +113,9 @@ def candidate(base: Path, options: WeightOptions, out: Path) -> tuple[Path, list
     out.mkdir(parents=True, exist_ok=True)
     name = DecoderLayout.read(base).filename
     kept = kept_float(base, options)
+    # ONNX Runtime's quantizers log every node at INFO (a line per MatMul) and advise pre-processing at WARNING
+    logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.ERROR)
     if options.method == "int8-dynamic":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 

@@ -85,4 +85,14 @@ def test_limits_noise_and_failed_gates_keep_a_candidate_out() -> None:
     chosen, reason = select({"noisy": noisy, "bad": failed, "slow": slow}, base, "decode", 200, None)
     assert chosen == "baseline"
     assert "noisy: not evidently faster" in reason and "bad: failed nll_delta" in reason
-    assert "slow: misses the workload's limits" in reason and "TTFT <= 200 ms" in reason
+    assert "slow: misses the workload's limits (TTFT 300.0 ms > 200)" in reason and "TTFT <= 200 ms" in reason
+    assert "the baseline misses" not in reason  # its 100 ms meet the limit
+
+
+def test_a_baseline_missing_the_limits_too_is_said() -> None:
+    base = _model("fp32", ttft=380, tps=14, ttft_x=None, decode_x=None)
+    q8 = _model("q8", ttft=348, tps=35, ttft_x=(1.1, 0.9, 1.3), decode_x=(2.5, 2.0, 3.0))
+    chosen, reason = select({"q8": q8.model_copy(update={"meets_workload": False})}, base, "decode", 200, 20)
+    assert chosen == "baseline"
+    assert "q8: misses the workload's limits (TTFT 348.0 ms > 200)" in reason
+    assert "the baseline misses them too (TTFT 380.0 ms > 200, decode 14.0 tokens/s < 20)" in reason

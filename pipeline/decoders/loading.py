@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from temper.artifacts.errors import RecipeError
 from temper.pipeline.decoders.spec import DecoderRecipe
+from temper.pipeline.loading import _UniqueKeyLoader as UniqueKeyLoader
 
 SEARCHABLE = {"bits": "{}bit", "algorithm": "{}", "block_size": "b{}", "accuracy_level": "acc{}", "symmetric": "sym{}"}
 
@@ -68,13 +69,15 @@ def _key(loc: tuple[Any, ...]) -> str:
 def load_decoder(path: Path) -> LoadedDecoder:
     file = str(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_bytes(), Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except FileNotFoundError:
         raise RecipeError(file, "", "file not found") from None
     except OSError as exc:
         raise RecipeError(file, "", f"cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise RecipeError(file, "", f"YAML syntax error: {getattr(exc, 'problem', exc)}") from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+        raise RecipeError(file, where, f"YAML syntax error: {exc.problem}") from None
     if not isinstance(data, dict):
         raise RecipeError(file, "", "a decoder recipe is a YAML mapping with keys version, kind, name, model, ...")
     data = dict(data)

@@ -52,3 +52,17 @@ def test_a_bad_decoder_recipe_is_one_line_naming_its_key(temper: Callable[..., C
     else:
         assert result.code == 2 and words in result.stderr and str(recipe) in result.stderr.replace("\n", "")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_key_given_twice_is_named_with_its_line(temper: Callable[..., CliResult], tmp_path: Path, hf: Path) -> None:
+    recipe = write_recipe(tmp_path / "recipe.yaml", hf)
+    recipe.write_text(recipe.read_text() + "name: again\n")
+    result = temper("run", str(recipe), "--output", str(tmp_path / "out"))
+    assert result.code == 2 and "duplicate key 'name'" in result.stderr and "line " in result.stderr
+
+
+def test_commands_other_than_run_refuse_a_decoder_recipe_in_one_line(temper: Callable[..., CliResult],
+                                                                      tmp_path: Path, hf: Path) -> None:
+    recipe = write_recipe(tmp_path / "recipe.yaml", hf)
+    result = temper("check", str(recipe))
+    _one_line(result, recipe, "kind", "only `temper run` takes it so far")

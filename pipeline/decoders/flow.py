@@ -53,6 +53,21 @@ def _staging(output: Path, file: str) -> Path:
     return staged
 
 
+def _fits_context(loaded: LoadedDecoder, base: Path) -> None:
+    """Every sequence the gates run must fit the model's context window (genai_config's context_length)."""
+    from temper.artifacts.decoder_session import DecoderLayout
+
+    context = DecoderLayout.read(base).context_length
+    recipe, file = loaded.recipe, str(loaded.file)
+    speed, data, quality = recipe.validation.speed, recipe.data, recipe.validation.quality
+    for key, tokens in (("data.sequence_length", data.sequence_length),
+                        ("data.prompt_tokens", data.prompt_tokens + quality.generation_tokens),
+                        ("validate.speed.prompt_length", speed.prompt_length + speed.decode_tokens)):
+        if tokens > context:
+            raise RecipeError(file, key, f"{tokens} tokens (with the tokens generated after it) exceed the model's "
+                              f"context of {context}")
+
+
 def _source_view(loaded: LoadedDecoder, sequences: list[list[int]],
                  progress: Callable[[str], None]) -> dict[str, list] | None:
     """transformers' NLL and argmax on the sequences (a process of its own), for the export gates; None for an
@@ -84,6 +99,7 @@ def run(loaded: LoadedDecoder, output: Path, cache_root: Path, *, use_cache: boo
     try:
         progress("baseline: ONNX Runtime GenAI model builder, FP32")
         base = build.baseline(loaded, cache_root, use_cache=use_cache)
+        _fits_context(loaded, base)
         texts = text_set(loaded, base)  # bad text is bad input before any candidate is built
         view = _source_view(loaded, texts.sequences, progress)
         _place(base, staged / "baseline")

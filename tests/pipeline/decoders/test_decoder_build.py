@@ -3,6 +3,7 @@ cache and external data, the cache gives what one call gives, each candidate's w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from temper.pipeline.decoders.loading import load_decoder
 from temper.pipeline.decoders.spec import WeightOptions
 from temper.validators.decoder_census import weight_census
 from temper.validators.perplexity import compare
+from tests.conftest import CliResult
 from tests.pipeline.decoders.tiny import tiny_llama, write_recipe
 
 
@@ -103,3 +105,12 @@ def test_text_too_short_for_the_asked_sequences_is_bad_input(baseline: Path, tmp
                                                 data={"file": str(short), "sequences": 1, "sequence_length": 16,
                                                       "prompts": 2, "prompt_tokens": 5})), baseline)
     assert [len(s) for s in enough.sequences] == [16] and [len(p) for p in enough.prompts] == [5, 5]
+
+
+def test_a_prompt_longer_than_the_context_is_bad_input(temper: Callable[..., CliResult], baseline: Path,
+                                                       tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path / "recipe.yaml", tmp_path, model={"onnx": str(baseline)},
+                          validate={"speed": {"prompt_length": 250, "decode_tokens": 32}})
+    result = temper("run", str(recipe), "--output", str(tmp_path / "out"))
+    assert result.code == 2 and "validate.speed.prompt_length: 282 tokens" in result.stderr.replace("\n", "")
+    assert "context of 256" in result.stderr.replace("\n", "") and not (tmp_path / "out").exists()

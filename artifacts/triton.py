@@ -267,7 +267,7 @@ def differences(config: ServingConfig) -> list[str]:
     if reason is not None:
         return [f"{reason}: max_batch_size, max_delay_ms, max_queue and timeout_s do not apply"]
     row: Provider = config.engine or "cpu"
-    found = engines.of(row).triton_differences(row)
+    found = engines.of(row).triton_differences(row, config.session)
     if config.max_delay_ms > 0:
         found.append(f"a lone request waits the full {config.max_delay_ms:g} ms max_queue_delay for a batch "
                      "(temper serve waits only while concurrent clients keep arriving)")

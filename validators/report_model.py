@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from temper.artifacts.engines import Settings
 from temper.artifacts.engines.onnxruntime import SessionSettings, needed_limit_mb
@@ -254,10 +254,20 @@ class SettingTrial(_Model):
     name: str = Field(description='the row: "one-thread", "spinning", "extended", ...')
     changes: dict[str, Any] = Field(description="what it changes in the default settings")
     settings: dict[str, Any] = Field(description="the whole settings it ran with")
-    verdict: Literal["kept", "faster", "not faster", "slower"] = Field(
+    verdict: Literal["kept", "faster", "not faster", "slower", "rejected"] = Field(
         description="kept: the fastest of the faster; faster: interval above 1.0 at the ranking batch size and "
-                    "below 1.0 at none; slower: interval below 1.0 at some batch size; not faster: neither")
+                    "below 1.0 at none; slower: interval below 1.0 at some batch size; not faster: neither; "
+                    "rejected: its outputs differed from the plain run's (a CUDA graph replay), so it was not timed")
     speedups: list[SettingSpeedup]
+    problem: str | None = Field(None, description="rejected: where its outputs differed, one line")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """`problem` only on a rejected row: the other rows' records stay as they were."""
+        data: dict[str, Any] = handler(self)
+        if self.problem is None:
+            data.pop("problem", None)
+        return data
 
 
 class SessionSearch(_Model):

@@ -40,13 +40,14 @@ from temper.artifacts import engines
 from temper.artifacts.engines.providers import Provider
 from temper.artifacts.host import HostProfile
 from temper.artifacts.layout import Layout
-from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
+from temper.artifacts.onnx_io import load_structure
+from temper.validators.rounds import ROUNDS, Bench, Timing, interleave, replay_problems
 from temper.validators.speedup import Speedup, estimate
-from temper.validators.throughput import Session, engine_defaults, session_for, tuned_session
+from temper.validators.throughput import Session, batch_of, engine_defaults, session_for, tuned_session
 
 MOST_ROUNDS = 2 * ROUNDS  # ROUNDS for every setting, then as many again while one is undecided
 DEFAULT = "default"  # the name of the settings every row is compared with
-Verdict = Literal["kept", "faster", "not faster", "slower"]
+Verdict = Literal["kept", "faster", "not faster", "slower", "rejected"]
 Settings = TypeVar("Settings", bound=BaseModel)  # an engine's settings model (artifacts/engines/)
 
 
@@ -90,9 +91,13 @@ class Trial:
     row: Row
     settings: dict[str, Any]
     speedups: dict[int, Speedup]
+    problem: str | None = None  # where its outputs differed from the plain run's (then it was not timed)
 
     def verdict(self, ranking: int) -> Verdict:
-        """slower: its interval lies below 1.0 at some batch size; faster: above 1.0 at the ranking size."""
+        """slower: its interval lies below 1.0 at some batch size; faster: above 1.0 at the ranking size;
+        rejected: its CUDA graph path answered differently from the plain run."""
+        if self.problem is not None:
+            return "rejected"
         if any(up.decide(1.0) == "fail" for up in self.speedups.values()):
             return "slower"
         return "faster" if self.speedups[ranking].decide(1.0) == "pass" else "not faster"
@@ -144,6 +149,10 @@ def search(path: Path, plan: Plan, sample: dict[str, np.ndarray], layout: Layout
     settings = {DEFAULT: default, **{row.name: row.apply(default) for row in rows}}
     progress(f"session search › {name} on {plan.provider}: {', '.join(settings)}")
     sessions = {key: session_for(path, plan.provider, value) for key, value in settings.items()}
+    rejected = _rejected(sessions, path, plan, sample, layout)
+    for key in rejected:
+        progress(f"session search › {name} on {plan.provider}: {key} rejected ({rejected[key]})")
+        del sessions[key]
     built_s = time.perf_counter() - began
     # A slice is a warm-up and a timed stretch of slice_s each: MOST_ROUNDS of every setting then fit.
     slice_s = plan.budget_s / (2 * len(plan.batch_sizes) * len(sessions) * MOST_ROUNDS)
@@ -160,7 +169,8 @@ def search(path: Path, plan: Plan, sample: dict[str, np.ndarray], layout: Layout
         benches.append(interleave(Bench(size, DEFAULT, {key: {} for key in sessions}), sessions,
                                   paths, sample, layout, timing, undecided))
     cut = [b.batch_size for b in benches if b.cut_short]
-    trials = [Trial(row, settings[row.name].model_dump(),
+    trials = [Trial(row, settings[row.name].model_dump(), {}, rejected[row.name]) if row.name in rejected else
+              Trial(row, settings[row.name].model_dump(),
                     {b.batch_size: estimate(b.ratios(row.name), plan.confidence) for b in benches}) for row in rows]
     best = choose(trials, ranking)
     kept = DEFAULT if best is None else best.row.name
@@ -178,6 +188,21 @@ def search(path: Path, plan: Plan, sample: dict[str, np.ndarray], layout: Layout
         f" (the {plan.budget_s:g} s budget cut the rounds short at batch {', '.join(map(str, cut))}: "
         f"session_search_s: {record['enough_s']:g} would give every setting {ROUNDS} rounds)" if cut else ""))
     return Found(sessions[kept], record)
+
+
+def _rejected(sessions: dict[str, Session], path: Path, plan: Plan, sample: dict[str, np.ndarray],
+              layout: Layout) -> dict[str, str]:
+    """The rows whose CUDA graph path answers differently from their plain run at some batch size, and where
+    (validators/rounds.py's check, which the gates then repeat on the kept session)."""
+    graphs = {path: load_structure(path)}
+    paths = dict.fromkeys(sessions, (path, plan.provider))
+    found: dict[str, str] = {}
+    for size in plan.batch_sizes:
+        live = {key: s for key, s in sessions.items() if key != DEFAULT and key not in found}
+        feeds = {key: batch_of(graphs[path], sample, size, layout) for key in live}
+        found |= {key: f"batch {size}: {problem}"
+                  for key, problem in replay_problems(live, feeds, graphs, paths, sample, size, layout).items()}
+    return found
 
 
 def _enough_s(built_s: float, benches: list[Bench]) -> float:
@@ -201,6 +226,7 @@ def sessions_for(models: dict[str, Path], plan: Plan, enabled: bool, sample: dic
 def _trial(trial: Trial, ranking: int, kept: bool) -> dict[str, Any]:
     return {"name": trial.row.name, "changes": trial.row.changes, "settings": trial.settings,
             "verdict": "kept" if kept else trial.verdict(ranking),
+            **({"problem": trial.problem} if trial.problem else {}),
             "speedups": [{"batch_size": size, "speedup": up.ratio, "rounds": up.rounds,
                           "interval": None if up.low is None or up.high is None else [up.low, up.high]}
                          for size, up in trial.speedups.items()]}

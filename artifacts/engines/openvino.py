@@ -306,7 +306,7 @@ class OpenVino:
             raise ValueError(f"selected on {provider}, OpenVINO's CPU engine; use KIND_CPU or KIND_AUTO")
         return "KIND_CPU"
 
-    def triton_differences(self, provider: Provider) -> list[str]:
+    def triton_differences(self, provider: Provider, settings: EngineSettings | None = None) -> list[str]:
         if PROVIDERS[provider].precision != "f32":
             return []
         return ["Triton's OpenVINO backend has no setting that keeps the CPU in FP32: on a CPU with native BF16 "

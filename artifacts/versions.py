@@ -20,6 +20,8 @@ RUNTIMES = distributions.LIBRARIES["onnxruntime"].alternatives
 _GATED = distributions.of_role("gated")
 _STAND_INS = tuple(alt for name in _GATED for alt in distributions.LIBRARIES[name].alternatives[1:])
 TRACKED = (*_GATED, *_STAND_INS)
+NONE_INSTALLED = ("no ONNX Runtime is installed: pip install 'temper-ml[cpu]', or 'temper-ml[gpu]' on an NVIDIA GPU "
+                  "host")
 REINSTALL = ("pip uninstall -y onnxruntime onnxruntime-gpu, then pip install 'temper-ml[gpu]' on an NVIDIA GPU host "
              "or 'temper-ml[cpu]' elsewhere")
 
@@ -42,8 +44,7 @@ def require_one_runtime() -> None:
         raise EnvironmentProblem(f"two ONNX Runtimes are installed, {both}, and both provide `import onnxruntime` "
                                  f"(the files of the last one installed win, usually the CPU build's): {REINSTALL}")
     if not found:
-        raise EnvironmentProblem("no ONNX Runtime is installed: pip install 'temper-ml[cpu]', or 'temper-ml[gpu]' on "
-                                 "an NVIDIA GPU host")
+        raise EnvironmentProblem(NONE_INSTALLED)
 
 
 def current() -> dict[str, str]:

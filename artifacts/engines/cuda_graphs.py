@@ -10,8 +10,9 @@ owns, answers with another request's numbers and no error: the known trap at bat
 (tphakala/rust-birdnet-onnx#27). So here every input-shape signature gets its own pre-allocated input and
 output buffers on the session's device and its own graph id; a call copies the request in, replays, and
 copies the answer out; the graph is captured when a shape is first seen (serving's warm-up runs every batch
-size the batcher forms, so no request pays for a capture). The gates time this path, `temper serve`, its workers and the pyfunc model answer
-through it, and replay_problem() compares it with the plain run at every gated batch size.
+size the batcher forms, so no request pays for a capture). The gates time this path, `temper serve`, its
+workers and the pyfunc model answer through it, and replay_problem() compares it with the plain run at every
+gated batch size.
 
 The path itself is provider-agnostic (on the CPU provider the same bound buffers run without a graph), which
 is how it is tested on hosts without a GPU.

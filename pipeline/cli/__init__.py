@@ -1,6 +1,9 @@
 """The `temper` command line. Errors are one line and an exit code (2 bad input, 3 environment,
 1 a step or candidate failed); `--debug` shows the traceback instead.
 
+Without ONNX Runtime (a bare `pip install temper-ml`) every command is one line and exit 3
+(pipeline/cli/runtime_check.py), checked here before the commands' modules import it.
+
 The commands live in modules by audience (`build`: recipes to gated models; `deploy`: published
 models to servers; `measure`: bench); each only parses and prints, the work is in `pipeline.flow` and below.
 """
@@ -20,8 +23,12 @@ from typer._click.exceptions import NoArgsIsHelpError  # typer bundles click: `c
 
 from temper.artifacts import native_logs
 from temper.artifacts.errors import Interrupted, TemperError, reraise_interrupt
-from temper.pipeline.cli import build, deploy, ensemble, measure  # noqa: F401  (each registers its commands on `app`)
-from temper.pipeline.cli.common import Session, app, err, shown
+from temper.pipeline.cli import runtime_check
+
+runtime_check.exit_without_runtime()  # before the commands' modules import onnxruntime
+
+from temper.pipeline.cli import build, deploy, ensemble, measure  # noqa: E402, F401  (each registers its commands)
+from temper.pipeline.cli.common import Session, app, err, shown  # noqa: E402
 
 __all__ = ["app", "main"]
 

@@ -6,10 +6,12 @@ same session's throughput 1.05-2.9x on a loaded 2-core host; onnxruntime#26992 r
 7x slower than ORT_ENABLE_EXTENDED on one CPU family), and no setting wins everywhere. So, with
 `validate.throughput.session_search`, each model is timed on its default settings and on each row of
 table() for the engine (one setting changed at a time), in the interleaved rounds of validators/rounds.py
-at every measured batch size. A row is kept when its speedup interval over the default
-(validators/speedup.py) lies above 1.0 at the ranking batch size (the largest, where selection
-ranks) and below 1.0 at none; of those, the fastest at the ranking size. Otherwise the default stays:
-a setting is never chosen on a point estimate, nor where its own interval says it is slower anywhere.
+at every measured batch size (on the GPU rows, CUDA graphs off and on; a graph row whose graph path
+answers differently from its plain run at some batch size is `rejected` untimed). A row is kept when its
+speedup interval over the default (validators/speedup.py) lies above 1.0 at the ranking batch size (the
+largest, where selection ranks) and below 1.0 at none; of those, the fastest at the ranking size.
+Otherwise the default stays: a setting is never chosen on a point estimate, nor where its own interval
+says it is slower anywhere.
 
 The budget (`session_search_s`) bounds the search's wall time, building its sessions included: each batch
 size gets an equal share of what is left when its turn comes, and no round starts that would end past it

@@ -218,3 +218,31 @@ def test_on_a_gpu_capture_and_replay_answer_as_the_plain_run_at_every_batch_size
     assert settings_of(session).cuda_graph
     for rows in (1, 2, 32, 2, 1):
         assert replay_problem(session, [_pooling_feed(rows, rows), _pooling_feed(rows, rows + 100)]) is None
+
+
+def test_the_pyfunc_model_answers_through_the_bound_path(tmp_path: Path):
+    """A bundle recorded with cuda_graph, logged as the MLflow pyfunc model and loaded back: predict runs the
+    recorded settings (Runtime.run_batch) and answers as a plain session."""
+    import mlflow
+
+    from temper.artifacts.bundle import config_for, write
+    from temper.artifacts.pyfunc import log_bundle
+
+    model = linear_model(tmp_path)
+    config = config_for(model, "linear", max_batch_size=4, session=SessionSettings(intra_op_threads=1, cuda_graph=True))
+    packed = write(tmp_path / "bundle", model, config)
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        experiment = mlflow.create_experiment("graphs", artifact_location=str(tmp_path / "mlartifacts"))
+        with mlflow.start_run(experiment_id=experiment):
+            info = log_bundle(packed)
+        folder = mlflow.artifacts.download_artifacts(info.model_uri, dst_path=str(tmp_path / "model"))
+    finally:
+        mlflow.set_tracking_uri(previous)
+    loaded = mlflow.pyfunc.load_model(folder)
+    runtime = loaded.unwrap_python_model().runtime
+    assert isinstance(runtime._session, GraphSession) and runtime.engine_settings.cuda_graph
+    for rows in (1, 9, 2):  # 9 rows: chunked to max_batch_size 4, 4 and 1
+        x = np.random.default_rng(rows).standard_normal((rows, 4)).astype(np.float32)
+        np.testing.assert_allclose(loaded.predict({"x": x})["y"], plain(model, {"x": x})["y"], rtol=1e-6)

@@ -120,6 +120,8 @@ def replay_problems(sessions: dict[str, Session], feeds: dict[str, dict[str, np.
     shifted = {key: np.roll(value, -1, axis=0) if np.ndim(value) else value for key, value in sample.items()}
     found = {}
     for name, session in sessions.items():
+        if not engines.uses_graphs(session):  # nothing to compare: no second batch built
+            continue
         graph = graphs[paths[name][0]]
         other = batch_of(graph, shifted, size, layout)
         problem = engines.replay_problem(session, [feeds[name], other])

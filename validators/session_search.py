@@ -196,11 +196,13 @@ def _rejected(sessions: dict[str, Session], path: Path, plan: Plan, sample: dict
               layout: Layout) -> dict[str, str]:
     """The rows whose CUDA graph path answers differently from their plain run at some batch size, and where
     (validators/rounds.py's check, which the gates then repeat on the kept session)."""
+    if not any(engines.uses_graphs(s) for s in sessions.values()):
+        return {}
     graphs = {path: load_structure(path)}
     paths = dict.fromkeys(sessions, (path, plan.provider))
     found: dict[str, str] = {}
     for size in plan.batch_sizes:
-        live = {key: s for key, s in sessions.items() if key != DEFAULT and key not in found}
+        live = {key: s for key, s in sessions.items() if engines.uses_graphs(s) and key not in found}
         feeds = {key: batch_of(graphs[path], sample, size, layout) for key in live}
         found |= {key: f"batch {size}: {problem}"
                   for key, problem in replay_problems(live, feeds, graphs, paths, sample, size, layout).items()}

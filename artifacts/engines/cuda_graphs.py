@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from temper.artifacts.errors import first_line
+
 GRAPH_ID = "gpu_graph_id"  # ONNX Runtime's run config entry naming the graph a run captures or replays
 SKIP = "-1"  # its value for a run without a graph
 MOST_GRAPHS = 64  # a graph's buffers live as long as the session: shapes beyond these run the plain path
@@ -145,15 +147,24 @@ class GraphSession:
         return bound
 
 
+def uses_graphs(session: object) -> bool:
+    """Whether `session` answers through the graph path (so replay_problem has something to check)."""
+    return isinstance(session, GraphSession)
+
+
 def replay_problem(session: object, feeds: Sequence[dict[str, np.ndarray]]) -> str | None:
     """Where a GraphSession's graph path answers differently from its plain run on `feeds` (each replayed
     after capture, the last with data the graph was not captured with): "output 'y' differs by up to 0.31 from
-    the plain run"; None when they agree, or for any other session."""
+    the plain run", or how the graph path failed (an output whose shape the inputs' do not fix cannot be
+    bound); None when they agree, or for any other session."""
     if not isinstance(session, GraphSession):
         return None
     for number, feed in enumerate(feeds):
-        for _ in range(REPLAYS if number == 0 else 1):
-            got = session.run(None, feed)
+        try:
+            for _ in range(REPLAYS if number == 0 else 1):
+                got = session.run(None, feed)
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime's own failure of the bound run, as one line
+            return f"the graph path failed ({first_line(exc)})"
         want = session.plain(None, feed)
         for name, left, right in zip(session._names, got, want):
             problem = _differs(np.asarray(left), np.asarray(right))

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
 from temper.artifacts import engines
 from temper.artifacts.engines import cuda_graphs
@@ -28,7 +29,7 @@ from temper.validators import session_search
 from temper.validators.report_model import SessionSearch
 from temper.validators.rounds import Bench, Timing, interleave
 from temper.validators.session_search import Plan, Row, search
-from tests.artifacts.runtimes import linear_model, plain, pooling_model, runtime_for
+from tests.artifacts.runtimes import linear_model, plain, pooling_model, runtime_for, save
 
 CPU = ["CPUExecutionProvider"]
 SIZES = [1, 2, 32, 2, 1, 32, 7, 32]  # back and forth: each size's buffers and graph id are reused
@@ -92,6 +93,16 @@ def test_the_replay_check_passes_a_sound_path_and_catches_stale_buffers(tmp_path
     _stale(monkeypatch)
     problem = replay_problem(_graphed(model), feeds)
     assert problem is not None and problem.startswith("output 'tokens' differs by up to ") and "\n" not in problem
+
+
+def test_an_output_the_input_shapes_do_not_fix_fails_the_check_in_one_line(tmp_path: Path):
+    """NonZero's output length depends on the data: no buffer bound once can hold it, so graphs cannot run it."""
+    model = save(tmp_path, "nonzero", [helper.make_node("NonZero", ["x"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                 [helper.make_tensor_value_info("y", TensorProto.INT64, [2, None])], [])
+    feeds = [{"x": np.array([[1, 0, 1, 0], [0, 0, 0, 1]], np.float32)}, {"x": np.ones((2, 4), np.float32)}]
+    problem = replay_problem(_graphed(model), feeds)
+    assert problem is not None and problem.startswith("the graph path failed (") and "\n" not in problem
 
 
 def _stale(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -47,6 +47,7 @@ from temper.artifacts.engines.onnxruntime import SessionSettings
 from temper.artifacts.engines.providers import CPU, PROVIDERS, Provider
 from temper.artifacts.errors import Overloaded, RequestError, RequestTimeout, Stopped
 from temper.artifacts.fallback import BurstFallback
+from temper.artifacts.graph_batches import GraphBatches
 from temper.artifacts.host import HostProfile, profile, usable_cores
 from temper.artifacts.workers import CRASH_LOOP_DEATHS, CRASH_LOOP_S, WorkerPool
 
@@ -105,6 +106,8 @@ class Runtime:
             self.bundle / MODEL, self.config.engine if providers is None else None, recorded, providers,
             self.config.name)
         self._output_names = [o.name for o in self._session.get_outputs()]
+        graphs = getattr(self.settings, "cuda_graph", False) and not (self.config.batch_dependent or self._fixed_batch)
+        self._graph_batches = GraphBatches(self._layout, self.max_rows, graphs)  # CUDA graphs: a few batch sizes
         self.batch1_ms: float | None = None  # median run of the smallest batch (1 unless fixed), timed by start()
         self.inline = False  # start() sets it when batch1_ms < INLINE_MAX_MS
         self._batcher = Batcher(self.config, self.max_rows, self._run, self.metrics)
@@ -336,6 +339,9 @@ class Runtime:
         return n
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._graph_batches.run(self._run_exact, inputs)
+
+    def _run_exact(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One run on a worker instance, else on the current session (looked up per call: _tune may replace it)."""
         if self.pool is not None:
             return self.pool.run(inputs)

@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from temper.artifacts import engines
+from temper.artifacts import engines, graph_batches
 from temper.artifacts.engines import cuda_graphs
 from temper.artifacts.engines.cuda_graphs import GraphSession, replay_problem
 from temper.artifacts.engines.onnxruntime import SessionSettings, provider_chain, settings_of
@@ -168,8 +168,10 @@ def test_serving_answers_through_the_bound_path_in_process_and_in_workers(tmp_pa
             feed = {"x": np.random.default_rng(rows).standard_normal((rows, 4)).astype(np.float32)}
             np.testing.assert_allclose(runtime.run_batch(feed)["y"], plain(model, feed)["y"], rtol=1e-6)
         if instances == 0:
-            # warm-up captured every size the batcher forms: no request pays for a capture
-            assert isinstance(runtime._session, GraphSession) and runtime._session.graphs == runtime.max_rows
+            # warm-up captured every size batches are padded to: no request pays for a capture, and a batch of
+            # 5 rows ran padded to 8 (its answer cut back to 5, above)
+            assert isinstance(runtime._session, GraphSession)
+            assert runtime._session.graphs == len(graph_batches.sizes(runtime.max_rows))
     finally:
         runtime.stop()
 
@@ -257,3 +259,34 @@ def test_the_pyfunc_model_answers_through_the_bound_path(tmp_path: Path):
     for rows in (1, 9, 2):  # 9 rows: chunked to max_batch_size 4, 4 and 1
         x = np.random.default_rng(rows).standard_normal((rows, 4)).astype(np.float32)
         np.testing.assert_allclose(loaded.predict({"x": x})["y"], plain(model, {"x": x})["y"], rtol=1e-6)
+
+
+def test_batches_are_padded_to_powers_of_two_and_cut_back():
+    assert graph_batches.sizes(64) == [1, 2, 4, 8, 16, 32, 64] and graph_batches.sizes(24) == [1, 2, 4, 8, 16, 24]
+    assert graph_batches.sizes(1) == [1]
+    layout = AXIS0.with_outputs({"y": 0})
+    seen: list[int] = []
+
+    def run(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        seen.append(len(feed["x"]))
+        return {"y": feed["x"] * 2}
+
+    x = np.arange(10, dtype=np.float32).reshape(5, 2)
+    answer = graph_batches.GraphBatches(layout, 16, True).run(run, {"x": x})
+    np.testing.assert_array_equal(answer["y"], x * 2)
+    assert seen == [8]
+    padded = graph_batches.pad({"x": x}, layout, 5, 8)["x"]
+    np.testing.assert_array_equal(padded[5:], np.repeat(x[-1:], 3, axis=0))  # the last row, never zeros
+    assert graph_batches.GraphBatches(layout, 16, False).run(run, {"x": x})["y"].shape == (5, 2) and seen[-1] == 5
+
+
+def test_a_batch_dependent_model_is_not_padded(tmp_path: Path):
+    model = linear_model(tmp_path)
+    runtime = runtime_for(model, tmp_path, batch_dependent=True,
+                          session=SessionSettings(intra_op_threads=1, cuda_graph=True))
+    runtime.start()
+    try:
+        assert not runtime._graph_batches.sizes
+        assert isinstance(runtime._session, GraphSession) and runtime._session.graphs == runtime.max_rows
+    finally:
+        runtime.stop()

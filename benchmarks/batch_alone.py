@@ -30,7 +30,7 @@ from benchmarks.pyload import Run, closed  # noqa: E402
 from benchmarks.serving_host import BIN, child_env, log, machine  # noqa: E402
 from benchmarks.serving_load import Body  # noqa: E402
 from benchmarks.serving_servers import free_port, start  # noqa: E402
-from temper.artifacts import bundle  # noqa: E402
+from temper.artifacts.formats import bundle  # noqa: E402
 
 KINDS = {"float32": ("FP32", "<f4"), "int64": ("INT64", "<i8"), "int32": ("INT32", "<i4")}
 

@@ -29,8 +29,8 @@ import tritonclient.http as http
 import tritonclient.utils.shared_memory as shm
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts import bundle
-from temper.artifacts.host import profile
+from temper.artifacts.core.host import profile
+from temper.artifacts.formats import bundle
 
 MODEL = "sum"
 

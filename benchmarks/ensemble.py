@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.pyload import Run, Sample  # noqa: E402
 from benchmarks.serving_host import BIN, child_env, log, machine  # noqa: E402
 from benchmarks.serving_servers import free_port, start  # noqa: E402
-from temper.artifacts import bundle  # noqa: E402
-from temper.artifacts.triton import export_repository  # noqa: E402
-from temper.artifacts.triton_ensemble import export_ensemble  # noqa: E402
+from temper.artifacts.formats import bundle  # noqa: E402
+from temper.artifacts.triton.config import export_repository  # noqa: E402
+from temper.artifacts.triton.ensemble import export_ensemble  # noqa: E402
 
 
 def _save(path: Path, nodes: list, inputs: list, outputs: list, weights: list) -> Path:

@@ -83,7 +83,7 @@ def qwac_child(recipe_file: Path, cache: Path, out: Path, iterations: int) -> in
     write out/qwac.onnx, out/intermediate_model.onnx and out/qwac.json."""
     import onnx
 
-    from temper.artifacts import onnx_io
+    from temper.artifacts.core import onnx_io
     from temper.pipeline.quantize_backends import nncf as quantize_nncf
     from temper.pipeline.quantize_backends import quantize_options
     from temper.pipeline.steps.quantize.quantize import calibration_feeds

@@ -84,7 +84,7 @@ def host() -> dict[str, Any]:
     import torch
 
     import temper.pipeline
-    from temper.artifacts.host import profile
+    from temper.artifacts.core.host import profile
 
     found: dict[str, Any] = {"profile": profile().model_dump(), "python": sys.version.split()[0],
                              "temper_from": str(Path(temper.pipeline.__file__).resolve().parent.parent)}

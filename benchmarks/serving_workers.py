@@ -85,7 +85,7 @@ def cpu_s(process: psutil.Process) -> float:
 
 def workers_of(server: Server) -> list[psutil.Process]:
     return [p for p in psutil.Process(server.proc.pid).children(recursive=True)
-            if "temper.artifacts.worker" in " ".join(p.cmdline())]
+            if "temper.artifacts.serving.worker" in " ".join(p.cmdline())]
 
 
 def point(server: Server, model: Model, concurrency: int, duration: float, workdir: Path) -> tuple[Point, float, float]:

@@ -15,7 +15,7 @@ a PNG. Exit status 1 when a request failed or the RSS moved more than --toleranc
 
 With --instances the RSS is the server's and its worker processes' together. --kill-worker-at S
 SIGKILLs one worker S seconds in, as a native crash would end it: the requests of the batch it held
-get 503 (artifacts/workers.py does not retry them) and count as lost to the kill, not as errors
+get 503 (artifacts/serving/workers.py does not retry them) and count as lost to the kill, not as errors
 (at most --clients of them, one per client in flight); every other reply must still be right. The
 soak then times the recovery (until /metrics reports every instance ready again) and checks that
 the RSS after the restart is still within --tolerance of the warm RSS before it.
@@ -97,7 +97,7 @@ def build_minilm(base: Path, candidate: str) -> Path:
 
 def make_bundle(model: Path, dest: Path, name: str = "minilm", max_batch_size: int = 32) -> Path:
     """A serving bundle padding the token inputs to the longest in each batch."""
-    from temper.artifacts import bundle
+    from temper.artifacts.formats import bundle
 
     config = bundle.config_for(model, name, max_batch_size=max_batch_size, max_delay_ms=10, max_queue=256,
                                pad={"input_ids": 0, "attention_mask": 0})
@@ -290,11 +290,11 @@ class RssSampler(threading.Thread):
 
 
 def workers(pid: int) -> list[psutil.Process]:
-    """The worker processes of the `temper serve` with this PID (artifacts/workers.py starts them)."""
+    """The worker processes of the `temper serve` with this PID (artifacts/serving/workers.py starts them)."""
     found = []
     for child in psutil.Process(pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if "temper.artifacts.worker" in " ".join(child.cmdline()):
+            if "temper.artifacts.serving.worker" in " ".join(child.cmdline()):
                 found.append(child)
     return found
 
@@ -441,7 +441,7 @@ VARIANTS = {
 
 def variant_session(model: Path, variant: str) -> tuple[ort.InferenceSession, ort.RunOptions | None]:
     """A session like engines.open_session's (all usable cores, intra-op threads that sleep) with `variant`'s change."""
-    from temper.artifacts.host import usable_cores
+    from temper.artifacts.core.host import usable_cores
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = usable_cores()

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from onnxruntime.quantization import CalibrationDataReader, quantize_dynamic, quantize_static  # noqa: E402
 
-from temper.artifacts.errors import TemperError  # noqa: E402
+from temper.artifacts.core.errors import TemperError  # noqa: E402
 from temper.pipeline import gating, onnx_io  # noqa: E402
 from temper.pipeline.cache import StepCache, default_root  # noqa: E402
 from temper.pipeline.loading import load_recipe  # noqa: E402

@@ -134,7 +134,7 @@ class _TreeMemory:
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto` (pyproject's addopts): two workers, or one on a single usable core. More would not fit the
     suite's memory target (under 4 GiB: a worker running a digits build holds about 1.5 GiB)."""
-    from temper.artifacts.host import usable_cores
+    from temper.artifacts.core.host import usable_cores
 
     return min(2, usable_cores())
 

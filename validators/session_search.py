@@ -37,9 +37,9 @@ import numpy as np
 from pydantic import BaseModel
 
 from temper.artifacts import engines
+from temper.artifacts.core.host import HostProfile
+from temper.artifacts.core.layout import Layout
 from temper.artifacts.engines.providers import Provider
-from temper.artifacts.host import HostProfile
-from temper.artifacts.layout import Layout
 from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
 from temper.validators.speedup import Speedup, estimate
 from temper.validators.throughput import Session, engine_defaults, session_for, tuned_session

@@ -13,12 +13,13 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
-from temper.artifacts import engines, onnx_io
+from temper.artifacts import engines
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import RecipeError
+from temper.artifacts.core.host import HostProfile, profile, usable_cores
+from temper.artifacts.core.layout import AXIS0, Layout
 from temper.artifacts.engines.onnxruntime import SessionSettings
 from temper.artifacts.engines.providers import PROVIDERS, Provider
-from temper.artifacts.errors import RecipeError
-from temper.artifacts.host import HostProfile, profile, usable_cores
-from temper.artifacts.layout import AXIS0, Layout
 from temper.calibration.sources import Dataset
 from temper.validators import engine_census, report_model, scoring, tensorrt_census
 from temper.validators.benches import Bench, bench_all

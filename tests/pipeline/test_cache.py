@@ -326,7 +326,7 @@ def test_a_step_built_by_other_temper_source_is_built_again(temper, digits_dir, 
 def test_every_quantize_backend_is_in_the_cache_key():
     """Issue 33.5: nvidia-modelopt was missing, so upgrading ModelOpt served stale INT8 models from the cache.
     Every registered backend's libraries are rows of the one distributions table and in every step's key."""
-    from temper.artifacts import distributions
+    from temper.artifacts.core import distributions
     from temper.pipeline.cache import LIBRARIES, library_versions
     from temper.pipeline.quantize_backends import BACKENDS
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from temper.artifacts import versions
+from temper.artifacts.core import versions
 from tests.conftest import edit_recipe
 
 URI = "models:/digits-cnn@candidate"

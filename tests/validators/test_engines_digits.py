@@ -9,8 +9,8 @@ import json
 
 import pytest
 
+from temper.artifacts.core.host import profile
 from temper.artifacts.engines.providers import BF16_FLAGS
-from temper.artifacts.host import profile
 from tests.conftest import edit_recipe
 from tests.unit.reports import read_report
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from temper.artifacts.core.host import profile
+from temper.artifacts.core.layout import AXIS0
 from temper.artifacts.engines.onnxruntime import settings_of
-from temper.artifacts.host import profile
-from temper.artifacts.layout import AXIS0
 from temper.pipeline.cache import RecordStore
 from temper.validators import session_search
 from temper.validators.report_model import SessionSearch

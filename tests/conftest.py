@@ -11,10 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPES = REPO / "recipes"
+from tests.helpers import RECIPES, edit_recipe
 
 
 @dataclass
@@ -78,13 +76,6 @@ def digits_dir(tmp_path: Path) -> Path:
     for name in ("digits-cnn.yaml", "digits_model.py", "digits_data.py", "digits_cnn.pt"):
         shutil.copy2(RECIPES / name, folder / name)
     return folder
-
-
-def edit_recipe(recipe: Path, change: Callable[[dict[str, Any]], Any]) -> None:
-    """Apply `change` to the recipe's YAML mapping in place."""
-    data = yaml.safe_load(recipe.read_text())
-    change(data)
-    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from temper.artifacts.formats import bundle
 from temper.artifacts.serving.runtime import Runtime
 from temper.artifacts.serving.server import InferenceServer
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 MODEL = "tiny"
 MAX_BODY = 1024 * 1024

@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 from tests.artifacts import grpc_servers  # noqa: E402
 from tests.artifacts.grpc_servers import _correct, _infer  # noqa: E402
 from tests.artifacts.servers import _expected, _free_port, _inputs  # noqa: E402
-from tests.conftest import REPO  # noqa: E402
+from tests.helpers import REPO  # noqa: E402
 
 # the gRPC fixtures, over conftest.py's HTTP ones of the same names
 tiny = grpc_servers.tiny

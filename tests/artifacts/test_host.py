@@ -23,7 +23,7 @@ from temper.artifacts.registry.pyfunc import TemperModel
 from temper.artifacts.serving.runtime import Runtime
 from tests.artifacts.runtimes import linear_model
 from tests.artifacts.servers import _free_port, _wait_ready
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 XEON = """\
 processor	: 0

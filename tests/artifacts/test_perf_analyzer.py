@@ -28,7 +28,7 @@ tritongrpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from tests.artifacts.servers import _bundle, _free_port  # noqa: E402
-from tests.conftest import REPO  # noqa: E402
+from tests.helpers import REPO  # noqa: E402
 
 MODEL = "digits-cnn"
 

@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 
 
 def _client(uri: str) -> MlflowClient:

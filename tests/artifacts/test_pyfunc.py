@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 from temper.artifacts.formats.bundle import config_for, write
 from temper.artifacts.registry.pyfunc import as_inputs, conform, log_bundle
 from temper.artifacts.serving.runtime import RequestError, Runtime
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
 

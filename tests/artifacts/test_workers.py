@@ -35,7 +35,7 @@ from tests.artifacts.servers import (
     _metrics,
     _wait_ready,
 )
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 CLIENTS, REQUESTS = 8, 40
 MAX_BATCH = 8  # the tiny bundle's max_batch_size (tests/artifacts/conftest.py)

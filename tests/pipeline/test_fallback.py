@@ -13,7 +13,7 @@ import pytest
 from temper.artifacts.core.host import profile
 from temper.pipeline.steps.quantize import sensitivity
 from temper.pipeline.steps.quantize.fallback import _doubling
-from tests.conftest import RECIPES, edit_recipe
+from tests.helpers import RECIPES, edit_recipe
 from tests.unit.reports import read_report
 
 

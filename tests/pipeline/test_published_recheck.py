@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from temper.artifacts.core import versions
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 
 URI = "models:/digits-cnn@candidate"
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 from tests.pipeline.steps.quantize_models import if_model
 from tests.unit.reports import read_report
 

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 
 from temper.artifacts.formats.integrity import sha256_of
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 
 
 @pytest.fixture

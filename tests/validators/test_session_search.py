@@ -18,7 +18,7 @@ from temper.validators import session_search
 from temper.validators.report_model import SessionSearch
 from temper.validators.session_search import DEFAULT, Plan, Row, rows_for, search
 from temper.validators.throughput import default_settings, engine_defaults
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 from tests.unit.reports import read_report
 from tests.validators.test_throughput import WIDTH, _mlp
 

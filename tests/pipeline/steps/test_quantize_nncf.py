@@ -16,7 +16,7 @@ import pytest
 from temper.artifacts.core.errors import EnvironmentProblem
 from temper.pipeline.quantize_backends import nncf as quantize_nncf
 from temper.validators.census import census
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 from tests.pipeline.steps.quantize_models import (
     context,
     conv_net,

@@ -1,6 +1,6 @@
 """Head-to-head: FP32 / FP16 / INT8 (ONNX Runtime static and dynamic, NNCF) on ONNX Runtime and OpenVINO.
 
-    .venv/bin/python benchmarks/engines.py [--models digits,minilm,resnet18] [--out-base DIR]
+    .venv/bin/python -m benchmarks.engines [--models digits,minilm,resnet18] [--out-base DIR]
                                            [--duration SECONDS] [--samples N] [--session-search]
                                            [--session-search-s SECONDS]
 
@@ -41,15 +41,14 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.recipes import NO_REPORT, _temper, private_base
+from temper.artifacts.core.host import HostProfile, profile
+from temper.artifacts.engines.providers import BF16_FLAGS, PROVIDERS
+from temper.validators import report_model
+from temper.validators.report import speedup_text
+from temper.validators.report_model import Candidate, Report
 
-from benchmarks.recipes import NO_REPORT, _temper, private_base  # noqa: E402
-from temper.artifacts.core.host import HostProfile, profile  # noqa: E402
-from temper.artifacts.engines.providers import BF16_FLAGS, PROVIDERS  # noqa: E402
-from temper.validators import report_model  # noqa: E402
-from temper.validators.report import speedup_text  # noqa: E402
-from temper.validators.report_model import Candidate, Report  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RECIPES = ROOT / "recipes"
 BENCH = ROOT / "benchmarks"

@@ -1,6 +1,6 @@
 """Benchmark `temper serve` against `mlflow models serve`, a plain server and the raw ONNX Runtime ceiling.
 
-    .venv/bin/python benchmarks/serving.py [--out-base DIR] [--duration S] [--concurrency 1,8,32,64] ...
+    .venv/bin/python -m benchmarks.serving [--out-base DIR] [--duration S] [--concurrency 1,8,32,64] ...
 
 Two models: the digits CNN (built by `temper run recipes/digits-cnn.yaml`, its FP32 baseline) and a
 heavier seeded ResNet-ish CNN at 1x3x64x64 that takes a few ms per batch-1 inference here. Per model:
@@ -46,15 +46,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.serving_host import log, machine, top_processes, wait_for_quiet
+from benchmarks.serving_load import grpc_load_main
+from benchmarks.serving_models import CEILING_BATCHES, build_digits, build_heavy
+from benchmarks.serving_report import header, summary, table, targets
+from benchmarks.serving_run import bench_model
+from benchmarks.serving_servers import plain_server_main
 
-from benchmarks.serving_host import log, machine, top_processes, wait_for_quiet  # noqa: E402
-from benchmarks.serving_load import grpc_load_main  # noqa: E402
-from benchmarks.serving_models import CEILING_BATCHES, build_digits, build_heavy  # noqa: E402
-from benchmarks.serving_report import header, summary, table, targets  # noqa: E402
-from benchmarks.serving_run import bench_model  # noqa: E402
-from benchmarks.serving_servers import plain_server_main  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 ROLES: dict[str, Callable[[list[str]], int]] = {"--plain-server": plain_server_main, "--grpc-load": grpc_load_main}
 

@@ -85,7 +85,7 @@ def host() -> dict[str, Any]:
     import torch
 
     import temper.pipeline
-    from temper.artifacts.host import profile
+    from temper.artifacts.core.host import profile
 
     found: dict[str, Any] = {"profile": profile().model_dump(), "python": sys.version.split()[0],
                              "temper_from": str(Path(temper.pipeline.__file__).resolve().parent.parent)}
@@ -198,7 +198,6 @@ def main(argv: list[str] | None = None) -> int:
         env = install(args.wheels.resolve(), args.site.resolve())
         rest = [a for i, a in enumerate(argv) if a != "--wheels" and (i == 0 or argv[i - 1] != "--wheels")]
         return subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", *rest], env=env, cwd=ROOT).returncode
-    sys.path.insert(0, str(ROOT))
     from benchmarks.recipes import private_base
 
     args.out = args.out.resolve()

@@ -16,10 +16,10 @@ from typing import Any, cast
 import numpy as np
 
 from temper.artifacts import engines
+from temper.artifacts.core.errors import StepFailed
+from temper.artifacts.core.layout import AXIS0
+from temper.artifacts.core.onnx_io import load_structure
 from temper.artifacts.engines.providers import Provider
-from temper.artifacts.errors import StepFailed
-from temper.artifacts.layout import AXIS0
-from temper.artifacts.onnx_io import load_structure
 from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
 from temper.validators.speedup import estimate
 from temper.validators.throughput import batch_of, random_inputs

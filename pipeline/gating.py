@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from temper.artifacts.core.errors import EnvironmentProblem, RecipeError
 from temper.artifacts.engines.providers import PROVIDERS
-from temper.artifacts.errors import EnvironmentProblem, RecipeError
-from temper.artifacts.integrity import Mismatch, check_output, read_manifest
+from temper.artifacts.formats.integrity import Mismatch, check_output, read_manifest
 from temper.pipeline.cache import MODEL_FILE, TUNING_FILE, OutputStore, RecordStore
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.outputs import MANIFEST, same_build
@@ -70,7 +70,7 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
     really activates, each batch size fits in memory and in the model, every fidelity slice fits its
     output, and the MLflow store answers. The one home of the pre-flight checks: `temper run` and
     `temper check` call it once. Returns what was checked."""
-    from temper.artifacts.onnx_io import fixed_batch, load_structure
+    from temper.artifacts.core.onnx_io import fixed_batch, load_structure
     from temper.pipeline.slice_check import check_slices
     from temper.validators.throughput import fits_in_memory, session_for
 
@@ -102,12 +102,12 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
             done.append(f"validate.throughput: providers {', '.join(spec.throughput.providers)} active, batch sizes "
                         f"{spec.throughput.batch_sizes} fit in memory")
             if any(PROVIDERS[p].gpu for p in spec.throughput.providers):  # what a GPU figure will be measured on
-                from temper.artifacts import nvidia
+                from temper.artifacts.core import nvidia
 
                 done.append(f"GPU stack: {nvidia.summary(nvidia.read_facts())}")
     done += check_slices(runner)  # fidelity slices against the baseline's output shapes
     if runner.recipe.publish is not None:
-        from temper.artifacts.registry import StoreUnreachable, open_store, tracking_uri
+        from temper.artifacts.registry.store import StoreUnreachable, open_store, tracking_uri
 
         try:
             open_store(tracking)
@@ -120,7 +120,7 @@ def preflight(runner: Runner, tracking: str | None = None) -> list[str]:
 def _step_needs(runner: Runner) -> list[str]:
     """What each quantize step needs of this host and of the recipe's inputs (its backend installed, inputs
     ModelOpt can calibrate), before any step is built: a run would otherwise fail on it after the others."""
-    from temper.artifacts.errors import OptionError
+    from temper.artifacts.core.errors import OptionError
     from temper.pipeline.quantize_backends import BACKENDS, QuantizeCommon
     from temper.pipeline.steps.quantize.quantize import preflight as quantize_preflight
 

@@ -22,9 +22,9 @@ from typing import Any, cast
 import numpy as np
 
 from temper.artifacts import engines as runtimes
+from temper.artifacts.core.host import HostProfile
+from temper.artifacts.core.layout import Layout
 from temper.artifacts.engines.providers import PROVIDERS, Provider
-from temper.artifacts.host import HostProfile
-from temper.artifacts.layout import Layout
 from temper.validators.pairs import Pair
 from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
 from temper.validators.session_search import Plan, Records, sessions_for

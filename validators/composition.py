@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
+from temper.artifacts.core.host import usable_cores
+from temper.artifacts.core.layout import Layout
+from temper.artifacts.core.onnx_io import dims, fit_batch, fixed_batch, load_structure
 from temper.artifacts.engines.onnxruntime import SessionSettings, open_session
 from temper.artifacts.engines.providers import CPU
-from temper.artifacts.host import usable_cores
-from temper.artifacts.layout import Layout
-from temper.artifacts.onnx_io import dims, fit_batch, fixed_batch, load_structure
 from temper.validators.fidelity import compare_outputs
 from temper.validators.gates import Gate, at_least
 from temper.validators.report_model import BatchComposition, CompositionFigure

@@ -8,12 +8,12 @@ from typing import Any, Protocol
 import numpy as np
 import onnx
 
+from temper.artifacts.core.host import profile, usable_cores
+from temper.artifacts.core.layout import AXIS0, Layout
+from temper.artifacts.core.onnx_io import fingerprint, fit_batch, fixed_batch, load_structure
 from temper.artifacts.engines.onnxruntime import SessionSettings, open_session
 from temper.artifacts.engines.providers import CPU
-from temper.artifacts.host import profile, usable_cores
-from temper.artifacts.integrity import content_digests
-from temper.artifacts.layout import AXIS0, Layout
-from temper.artifacts.onnx_io import fingerprint, fit_batch, fixed_batch, load_structure
+from temper.artifacts.formats.integrity import content_digests
 from temper.validators.throughput import session_for
 
 

@@ -19,10 +19,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
+from temper.artifacts.core.host import HostProfile
 from temper.artifacts.engines import Settings
 from temper.artifacts.engines.onnxruntime import SessionSettings, needed_limit_mb
 from temper.artifacts.engines.providers import Provider
-from temper.artifacts.host import HostProfile
 from temper.validators.report_composition import BatchComposition, CompositionFigure
 from temper.validators.report_tuning import Configuration, NodeSensitivity, SameGraph, Trial, Tuning
 
@@ -113,7 +113,7 @@ class Latency(_Model):
 
 
 class Load(_Model):
-    """What else ran while a batch size was measured (artifacts.host.Load)."""
+    """What else ran while a batch size was measured (artifacts.core.host.Load)."""
 
     load_1m: float | None
     steal_pct: float | None

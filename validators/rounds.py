@@ -24,10 +24,10 @@ import numpy as np
 import onnx
 
 from temper.artifacts import engines
-from temper.artifacts.errors import StepFailed
-from temper.artifacts.host import Load, LoadMeter
-from temper.artifacts.layout import Layout
-from temper.artifacts.onnx_io import load_structure
+from temper.artifacts.core.errors import StepFailed
+from temper.artifacts.core.host import Load, LoadMeter
+from temper.artifacts.core.layout import Layout
+from temper.artifacts.core.onnx_io import load_structure
 from temper.validators.throughput import Measurement, Session, batch_of, measure
 
 ROUNDS = 5  # rounds every model gets; more only while a comparison is undecided

@@ -39,10 +39,10 @@ import numpy as np
 from pydantic import BaseModel
 
 from temper.artifacts import engines
+from temper.artifacts.core.host import HostProfile
+from temper.artifacts.core.layout import Layout
+from temper.artifacts.core.onnx_io import load_structure
 from temper.artifacts.engines.providers import Provider
-from temper.artifacts.host import HostProfile
-from temper.artifacts.layout import Layout
-from temper.artifacts.onnx_io import load_structure
 from temper.validators.rounds import ROUNDS, Bench, Timing, interleave, replay_problems
 from temper.validators.speedup import Speedup, estimate
 from temper.validators.throughput import Session, batch_of, engine_defaults, session_for, tuned_session

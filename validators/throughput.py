@@ -19,14 +19,14 @@ import onnx
 import psutil
 
 from temper.artifacts import engines
+from temper.artifacts.core.errors import OptionError
+from temper.artifacts.core.host import HostProfile, usable_cores
+from temper.artifacts.core.layout import AXIS0, Layout, default_axes
+from temper.artifacts.core.onnx_io import dims, fixed_batch, load_structure
 from temper.artifacts.engines import EngineSettings, Session, gpu_memory
 from temper.artifacts.engines.onnxruntime import SessionSettings
 from temper.artifacts.engines.providers import CPU, PROVIDERS, Provider
 from temper.artifacts.engines.threads import choose_threads
-from temper.artifacts.errors import OptionError
-from temper.artifacts.host import HostProfile, usable_cores
-from temper.artifacts.layout import AXIS0, Layout, default_axes
-from temper.artifacts.onnx_io import dims, fixed_batch, load_structure
 
 _PERCENTILES = (50, 90, 95, 99)
 
@@ -44,7 +44,7 @@ class Measurement:
     gpu_mem_mb: float | None  # on a GPU row, the MiB this process holds there, highest sampled; None: no GPU row
     rounds: int = 1  # interleaved slices this figure is the median of
     spread_pct: float | None = None  # (fastest - slowest slice) / median, in %: the noise across rounds
-    load: dict[str, float | None] | None = None  # artifacts.host.Load while it was measured
+    load: dict[str, float | None] | None = None  # artifacts.core.host.Load while it was measured
     session: dict[str, Any] | None = None  # SessionSettings / OpenVinoSettings the session really ran with
     threads: int | None = None  # the CPU threads one call ran on, read back from the session
 

@@ -18,8 +18,8 @@ import numpy as np
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
+    from temper.artifacts.core.host import HostProfile
     from temper.artifacts.engines.providers import Provider
-    from temper.artifacts.host import HostProfile
 
 
 class EngineSettings(BaseModel):

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from temper.artifacts.errors import first_line
+from temper.artifacts.core.errors import first_line
 
 GRAPH_ID = "gpu_graph_id"  # ONNX Runtime's run config entry naming the graph a run captures or replays
 SKIP = "-1"  # its value for a run without a graph

@@ -33,12 +33,12 @@ import onnxruntime as ort
 import platformdirs
 from pydantic import ConfigDict, Field, PositiveInt, SerializerFunctionWrapHandler, model_serializer
 
-from temper.artifacts import native_logs, nvidia
+from temper.artifacts.core import native_logs, nvidia
+from temper.artifacts.core.errors import EnvironmentProblem
+from temper.artifacts.core.host import HostProfile, usable_cores
 from temper.artifacts.engines.base import EngineSettings, Session
 from temper.artifacts.engines.cuda_graphs import GraphSession
 from temper.artifacts.engines.providers import BEST_FIRST, CPU, CUDA, PROVIDERS, TENSORRT, Provider, named
-from temper.artifacts.errors import EnvironmentProblem
-from temper.artifacts.host import HostProfile, usable_cores
 
 log = logging.getLogger("temper.serving")
 
@@ -230,7 +230,7 @@ class OnnxRuntime:
     settings = SessionSettings
 
     def available(self, provider: Provider, host: HostProfile | None = None) -> None:
-        """The provider in this onnxruntime's list; on a GPU row first the NVIDIA stack (artifacts/nvidia.py: a
+        """The provider in this onnxruntime's list; on a GPU row first the NVIDIA stack (artifacts/core/nvidia.py: a
         CUDA build, a GPU, a driver at its CUDA's floor and, for tensorrt, the TensorRT its provider links:
         onnxruntime-gpu lists TensorrtExecutionProvider without it and then quietly runs on CUDA or the CPU)."""
         info = PROVIDERS[provider]

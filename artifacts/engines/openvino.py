@@ -27,10 +27,10 @@ import numpy as np
 import onnx
 from pydantic import ConfigDict, Field, PositiveInt
 
+from temper.artifacts.core.errors import EnvironmentProblem
+from temper.artifacts.core.host import HostProfile, profile, usable_cores
 from temper.artifacts.engines.base import EngineSettings, Session
 from temper.artifacts.engines.providers import PROVIDERS, Provider
-from temper.artifacts.errors import EnvironmentProblem
-from temper.artifacts.host import HostProfile, profile, usable_cores
 
 log = logging.getLogger("temper.serving")
 

@@ -21,8 +21,8 @@ import typer
 from rich.text import Text
 from typer._click.exceptions import NoArgsIsHelpError  # typer bundles click: `click`'s own classes never match
 
-from temper.artifacts import native_logs
-from temper.artifacts.errors import Interrupted, TemperError, reraise_interrupt
+from temper.artifacts.core import native_logs
+from temper.artifacts.core.errors import Interrupted, TemperError, reraise_interrupt
 from temper.pipeline.cli import runtime_check
 
 runtime_check.exit_without_runtime()  # before the commands' modules import onnxruntime

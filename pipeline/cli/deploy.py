@@ -1,6 +1,6 @@
 """Commands a serving team uses on published models: promote, pull, serve, export-triton.
 
-A models:/ URI reaches this machine through `artifacts.registry.fetch` alone: "no such model" is bad
+A models:/ URI reaches this machine through `artifacts.registry.store.fetch` alone: "no such model" is bad
 input (exit 2), a store that does not answer is the environment (exit 3).
 """
 
@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.text import Text
 
-from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line, unwritable
-from temper.artifacts.triton_cluster import IMAGE, STORAGE_URI
+from temper.artifacts.core.errors import EnvironmentProblem, RecipeError, first_line, unwritable
+from temper.artifacts.triton.cluster import IMAGE, STORAGE_URI
 from temper.pipeline.cli.common import TrackingOpt, app, err, folder_option, number, opens_sessions, out
 from temper.pipeline.cli.destinations import apart, beside, can_hold, unowned
 from temper.pipeline.cli.serving import PULL_AGAIN
 
 if TYPE_CHECKING:
-    from temper.artifacts.bundle import ServingConfig
+    from temper.artifacts.formats.bundle import ServingConfig
 
 MAX_BODY_MB = 2047  # gRPC's message limit is a C int (2 GiB less a byte); a REST body that size is a typo too
 
@@ -38,7 +38,7 @@ def promote(
     tracking_uri: TrackingOpt = None,
 ) -> None:
     """Move an alias (e.g. champion) to a registered version."""
-    from temper.artifacts.registry import StoreUnreachable, open_store
+    from temper.artifacts.registry.store import StoreUnreachable, open_store
 
     try:  # a store that does not answer is the environment (3), not a wrong NAME (2)
         client = open_store(tracking_uri)
@@ -63,7 +63,7 @@ def pull(
 ) -> None:
     """Download a registered version's serving bundle (model, runtime config, report, manifest) for deployment,
     after checking its model against the manifest. DIR must be new, empty or an earlier pull's."""
-    from temper.artifacts.folders import MARKER
+    from temper.artifacts.core.folders import MARKER
 
     with _fetched(uri, tracking_uri, "URI", dest) as (folder, name, version, tags, unchecked):
         _warn(unchecked)
@@ -121,11 +121,11 @@ def serve(
 ) -> None:
     """Serve a bundle, or a model repository of several, over the Open Inference Protocol (KServe v2 REST, and gRPC
     with --grpc-port): dynamic batching, model load and unload, Prometheus /metrics."""
-    from temper.artifacts.client_shm import ClientRegions
-    from temper.artifacts.http_limits import MIN_BODY_BYTES, body_limit
-    from temper.artifacts.repository import LoadFailed
-    from temper.artifacts.server import bind
-    from temper.artifacts.server import serve as run_server
+    from temper.artifacts.formats.repository import LoadFailed
+    from temper.artifacts.serving.client_shm import ClientRegions
+    from temper.artifacts.serving.http_limits import MIN_BODY_BYTES, body_limit
+    from temper.artifacts.serving.server import bind
+    from temper.artifacts.serving.server import serve as run_server
     from temper.pipeline.cli.serving import checked_control, loaded_models
 
     checked_control(model, control, load_model or [])
@@ -139,7 +139,7 @@ def serve(
         if grpc_port == port:
             raise RecipeError(model, "--grpc-port", f"must differ from --port {port}")
         try:
-            from temper.artifacts.grpc_server import GrpcServer
+            from temper.artifacts.serving.grpc_server import GrpcServer
         except ImportError as exc:
             raise EnvironmentProblem(f"--grpc-port: {first_line(exc)}") from None
     try:  # before loading or printing anything: a busy port is one line, not a traceback
@@ -216,9 +216,9 @@ def export_triton(
     Kubernetes Deployment, Service and KServe InferenceService that run it on a cluster."""
     from dataclasses import replace
 
-    from temper.artifacts.bundle import read
-    from temper.artifacts.triton import differences, export_repository, folder_name, plan
-    from temper.artifacts.triton_cluster import FILES, BadSetting, Cluster, writable, write_manifests
+    from temper.artifacts.formats.bundle import read
+    from temper.artifacts.triton.cluster import FILES, BadSetting, Cluster, writable, write_manifests
+    from temper.artifacts.triton.config import differences, export_repository, folder_name, plan
 
     try:  # before anything is read or written
         cluster = Cluster(image, storage_uri)
@@ -289,8 +289,8 @@ def _fetched(uri: str, tracking: str | None, key: str, dest: Path | None = None
     """(folder, name, version, version tags, why its model is unchecked or None) of a registered model's
     serving bundle, downloaded into `dest`, or into a temporary folder that goes when the block ends, and
     checked against its manifest. `key` names the argument."""
-    from temper.artifacts.integrity import Mismatch
-    from temper.artifacts.registry import CannotWrite, FolderInUse, NoSuchModel, StoreUnreachable, fetch
+    from temper.artifacts.formats.integrity import Mismatch
+    from temper.artifacts.registry.store import CannotWrite, FolderInUse, NoSuchModel, StoreUnreachable, fetch
 
     with tempfile.TemporaryDirectory(prefix="temper-bundle-") as tmp:
         try:
@@ -314,7 +314,7 @@ def _fetched(uri: str, tracking: str | None, key: str, dest: Path | None = None
 def _checked(folder: Path, shown_as: str, remedy: str) -> str | None:
     """A bundle's model checked against the manifest it ships: a mismatch is one line naming the file
     (exit 2); for a bundle without a manifest (made by hand), the warning to show once it is used as it is."""
-    from temper.artifacts.integrity import Mismatch, check_bundle
+    from temper.artifacts.formats.integrity import Mismatch, check_bundle
 
     try:
         unchecked = check_bundle(folder, remedy)
@@ -326,7 +326,7 @@ def _checked(folder: Path, shown_as: str, remedy: str) -> str | None:
 def _vouching_output(folder: Path, given: object) -> Path | None:
     """The run's output folder when `folder` is the model its report.json selected (servable checked it against
     the run's manifest already), so the export can carry both files; None otherwise."""
-    from temper.artifacts.integrity import MANIFEST, REPORT
+    from temper.artifacts.formats.integrity import MANIFEST, REPORT
 
     output = folder.parent
     if given is None or not (output / MANIFEST).is_file() or not (output / REPORT).is_file():
@@ -343,8 +343,8 @@ def _located(model: str, tracking: str | None) -> Iterator[tuple[Path, ServingCo
     """What `temper serve MODEL` serves and `temper export-triton MODEL` exports: (model folder, its ServingConfig
     or None to read runtime.json, why its model is unchecked or None, the version it is: the registry's for a
     models:/ URI or a bundle `temper pull` wrote, else 1)."""
-    from temper.artifacts.integrity import Mismatch
-    from temper.artifacts.repository import DEFAULT_VERSION, registry_version
+    from temper.artifacts.formats.integrity import Mismatch
+    from temper.artifacts.formats.repository import DEFAULT_VERSION, registry_version
     from temper.pipeline.outputs import servable
 
     if model.startswith("models:/"):

@@ -11,9 +11,9 @@ import numpy as np
 import typer
 from rich.table import Table
 
+from temper.artifacts.core.errors import TemperError
+from temper.artifacts.core.host import profile
 from temper.artifacts.engines.providers import PROVIDERS
-from temper.artifacts.errors import TemperError
-from temper.artifacts.host import profile
 from temper.pipeline.cli.common import app, err, number, opens_sessions, out
 
 MAX_SECONDS = 3600  # an hour per batch size: more is a typo (or `inf`, which never ends)
@@ -43,8 +43,8 @@ def bench(
     """
     import onnx
 
-    from temper.artifacts.errors import OptionError, RecipeError, first_line
-    from temper.artifacts.onnx_io import dims, load_structure
+    from temper.artifacts.core.errors import OptionError, RecipeError, first_line
+    from temper.artifacts.core.onnx_io import dims, load_structure
     from temper.validators.throughput import (
         batch_of,
         fits_in_memory,
@@ -169,7 +169,7 @@ def _numbers(text: str, flag: str, cast: type, low: float) -> list:
     except ValueError:
         values = []
     if not values or any(not math.isfinite(v) or v < low for v in values):
-        from temper.artifacts.errors import RecipeError
+        from temper.artifacts.core.errors import RecipeError
 
         raise RecipeError(text, flag, f"expected numbers of at least {low:g} separated by commas, got '{text}'")
     return list(dict.fromkeys(values))
@@ -209,11 +209,11 @@ def capacity(
     configuration, which `temper serve` and `temper export-triton` then use) and capacity.png into the bundle."""
     import shutil
 
-    from temper.artifacts.bundle import read
-    from temper.artifacts.capacity import PLOT, write
-    from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line
-    from temper.artifacts.host import usable_cores
-    from temper.artifacts.integrity import Mismatch, check_bundle
+    from temper.artifacts.core.errors import EnvironmentProblem, RecipeError, first_line
+    from temper.artifacts.core.host import usable_cores
+    from temper.artifacts.formats.bundle import read
+    from temper.artifacts.formats.capacity import PLOT, write
+    from temper.artifacts.formats.integrity import Mismatch, check_bundle
     from temper.pipeline.capacity import Search, measure
     from temper.pipeline.capacity_load import Load
     from temper.validators.report_plots import capacity_plot
@@ -248,7 +248,7 @@ def capacity(
     load = Load(tool, protocol, seconds)
 
     def tell(point: object) -> None:
-        from temper.artifacts.capacity import Point
+        from temper.artifacts.formats.capacity import Point
 
         assert isinstance(point, Point)
         err.print(f"  {point.choice.label()}{f', round {point.round}' if point.round else ''}: {point.rate:,.1f} "

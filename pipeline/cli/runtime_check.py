@@ -13,10 +13,10 @@ import importlib
 import importlib.metadata
 import sys
 
-from temper.artifacts.errors import first_line
-from temper.artifacts.versions import NONE_INSTALLED, REINSTALL
+from temper.artifacts.core.errors import first_line
+from temper.artifacts.core.versions import NONE_INSTALLED, REINSTALL
 
-EXIT_ENVIRONMENT = 3  # artifacts.errors.EnvironmentProblem's code
+EXIT_ENVIRONMENT = 3  # artifacts.core.errors.EnvironmentProblem's code
 
 
 def problem() -> str | None:

@@ -17,14 +17,15 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from temper.artifacts import engines, graph_batches
+from temper.artifacts import engines
+from temper.artifacts.core.errors import EnvironmentProblem, StepFailed
+from temper.artifacts.core.host import profile
+from temper.artifacts.core.layout import AXIS0
 from temper.artifacts.engines import cuda_graphs
 from temper.artifacts.engines.cuda_graphs import GraphSession, replay_problem
 from temper.artifacts.engines.onnxruntime import SessionSettings, provider_chain, settings_of
 from temper.artifacts.engines.providers import CUDA, TENSORRT
-from temper.artifacts.errors import EnvironmentProblem, StepFailed
-from temper.artifacts.host import profile
-from temper.artifacts.layout import AXIS0
+from temper.artifacts.serving import graph_batches
 from temper.validators import session_search
 from temper.validators.report_model import SessionSearch
 from temper.validators.rounds import Bench, Timing, interleave
@@ -238,8 +239,8 @@ def test_the_pyfunc_model_answers_through_the_bound_path(tmp_path: Path):
     recorded settings (Runtime.run_batch) and answers as a plain session."""
     import mlflow
 
-    from temper.artifacts.bundle import config_for, write
-    from temper.artifacts.pyfunc import log_bundle
+    from temper.artifacts.formats.bundle import config_for, write
+    from temper.artifacts.registry.pyfunc import log_bundle
 
     model = linear_model(tmp_path)
     config = config_for(model, "linear", max_batch_size=4, session=SessionSettings(intra_op_threads=1, cuda_graph=True))

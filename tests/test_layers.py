@@ -169,6 +169,22 @@ def test_modules_stay_small(top: str):
     assert {path: lines for path, lines in sizes.items() if lines > MAX_LINES} == {}
 
 
+CLI_MAX_LINES = 50
+
+
+def test_the_cli_only_parses_and_prints():
+    """No function in pipeline/cli/ over CLI_MAX_LINES: a command parses its flags and hands over to a module
+    that does the work (servers.py, exporting.py, benching.py, ...), so what it does can be read and tested."""
+    long = {}
+    for path in sorted((REPO / "pipeline" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > CLI_MAX_LINES:
+                    long[f"{path.name}:{node.name}"] = lines
+    assert long == {}
+
+
 def test_benchmarks_run_as_modules():
     """`python -m benchmarks.NAME` from the repository's root: no benchmark edits sys.path to find temper or
     its neighbours (the editable install and the package do that)."""

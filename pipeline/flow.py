@@ -64,8 +64,9 @@ def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[s
     `notify` each of `temper check`'s notices (pipeline/check.py) before any candidate is built.
     """
     from temper.pipeline.check import notices
-    from temper.pipeline.gating import from_run, preflight
+    from temper.pipeline.gating import from_run
     from temper.pipeline.outputs import OutputFolder
+    from temper.pipeline.preflight import preflight
     from temper.validators import report
     from temper.validators.validation import build_report, validate
 
@@ -79,7 +80,8 @@ def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[s
             result = runner.run()
             verdict = None
             if loaded.recipe.validation is not None:
-                verdict = build_report(validate(from_run(runner, result), runner.observer.note, runner.observer.logged))
+                gated = from_run(runner, result, preflown=True)
+                verdict = build_report(validate(gated, runner.observer.note, runner.observer.logged))
                 verdict = verdict.model_copy(update={"not_built": not_built(result)})
         target = folder.commit(loaded, result, (lambda d: report.write(verdict, d)) if verdict else None)
     finally:

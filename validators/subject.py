@@ -59,6 +59,7 @@ class Subject:
     kept: Kept | None = None  # where models' outputs over the data are kept between runs (the pipeline's cache)
     serving_pad: dict[str, int | float] = field(default_factory=dict)  # publish.serving: how the batcher pads
     serving_batch: int = 16  # publish.serving.max_batch_size: the batches the composition gates form
+    providers_active: bool = False  # the pre-flight opened the baseline on every provider (pipeline/preflight.py)
 
 
 @dataclass

@@ -70,11 +70,12 @@ def engine_defaults(provider: str) -> EngineSettings:
     return engines.of(provider).defaults(cast(Provider, provider))
 
 
-def session_for(path: Path, provider: str, settings: EngineSettings | None = None) -> Session:
+def session_for(path: Path, provider: str, settings: EngineSettings | None = None, *, asked: bool = False) -> Session:
     """A session built from `settings` (engine_defaults(provider)) whose graph runs on `provider`, checked
     against what the session itself reports (onnxruntime-gpu falls back to the CPU silently; OpenVINO may
-    compute in another precision than asked)."""
-    require_available(provider)
+    compute in another precision than asked). `asked`: the caller already asked require_available."""
+    if not asked:
+        require_available(provider)
     engine = engines.of(provider)
     return engine.open(path, cast(Provider, provider), settings or engine.defaults(cast(Provider, provider)))
 

@@ -148,7 +148,7 @@ def _engine_precision(result: CandidateResult, pair: Pair, path: Path) -> str | 
 def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[str, np.ndarray]) -> None:
     spec = subject.spec.throughput
     assert spec is not None  # called only when the recipe measures throughput
-    for provider in spec.providers:
+    for provider in () if subject.providers_active else spec.providers:  # once: the pre-flight's, else here
         session_for(subject.baseline, provider)  # EnvironmentProblem (exit 3) when it is not really there
     for name, path in {"baseline": subject.baseline, **built}.items():
         structure = onnx_io.load_structure(path)

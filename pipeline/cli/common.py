@@ -30,7 +30,7 @@ err = Console(stderr=True)
 
 
 @dataclass
-class Session:
+class Invocation:
     """What one `temper` invocation knows about itself, handed to the commands as typer's ctx.obj:
     main() creates it and reads it back for the line an error or interruption ends with."""
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from temper.artifacts.engines.providers import Provider
 from temper.validators import tensorrt_census
 from temper.validators.census import of_file
 from temper.validators.composition import Composer
@@ -36,7 +37,7 @@ class Judged:
     subject: Subject
     result: CandidateResult  # the gates record their measurements here
     path: Path  # the pair's model file
-    engine: str  # where its outputs were computed (validation.evaluated_on)
+    provider: Provider  # where its outputs were computed (validation.evaluated_on)
     outputs: Outputs  # the pair's outputs over the evaluation set
     baseline: Outputs  # the baseline's, on the reference engine
     scorer: Reference | None  # the accuracy metric against the baseline (None: the recipe has no accuracy gate)
@@ -75,7 +76,7 @@ def fidelity(judged: Judged) -> list[Gate]:
 
 def composition(judged: Judged) -> list[Gate]:
     """Each row's answer inside batches of other rows, as the server batches (validators/composition.py)."""
-    judged.result.composition, gates = judged.composer.of(judged.path, judged.engine)
+    judged.result.composition, gates = judged.composer.of(judged.path, judged.provider)
     return gates
 
 
@@ -84,14 +85,14 @@ def speed(judged: Judged) -> list[Gate]:
     result, spec = judged.result, judged.spec
     result.throughput = [_speed(bench, result.verdict.name, spec) for bench in judged.benches]
     gates = [g for bench, (_, up) in zip(judged.benches, result.throughput)
-             if (g := speed_gate(bench, up, result.pair.engine, spec)) is not None]
+             if (g := speed_gate(bench, up, result.pair.provider, spec)) is not None]
     result.verdict.speed, result.verdict.speedup = _rank_speed(result.throughput, spec)
     return gates
 
 
 def tensorrt(judged: Judged) -> list[Gate]:
     """The engine TensorRT built, read back: an FP16 or INT8 candidate must run in its precision."""
-    if judged.result.pair.engine != "tensorrt":
+    if judged.result.pair.provider != "tensorrt":
         return []
     return tensorrt_census.gates(judged.path, judged.subject.precisions.get(judged.result.pair.model, "fp32"))
 
@@ -104,23 +105,23 @@ def _speed(bench: Bench, name: str, spec: ValidateSpec) -> tuple[Measurement, Sp
     return bench.figure(name), estimate(bench.ratios(name), spec.throughput.confidence)
 
 
-def speed_gate(bench: Bench, up: Speedup, engine: str, spec: ValidateSpec) -> Gate | None:
-    """The min_speedup gate of a pair on `engine` at one batch size, over the reference (the baseline on
-    the first engine), decided on the interval; None where it does not apply."""
+def speed_gate(bench: Bench, up: Speedup, provider: Provider, spec: ValidateSpec) -> Gate | None:
+    """The min_speedup gate of a pair on `provider` at one batch size, over the reference (the baseline on
+    the first provider), decided on the interval; None where it does not apply."""
     throughput = spec.throughput
     if throughput is None or throughput.min_speedup is None or bench.batch_size not in throughput.gated_sizes:
         return None
-    minimum, where = throughput.min_speedup, f"at batch {bench.batch_size} on {engine}"
-    if engine != throughput.providers[0]:
+    minimum, where = throughput.min_speedup, f"at batch {bench.batch_size} on {provider}"
+    if provider != throughput.providers[0]:
         where += f" over the baseline on {throughput.providers[0]}"
-    name, interval = f"throughput.{engine}.b{bench.batch_size}", (
+    name, interval = f"throughput.{provider}.b{bench.batch_size}", (
         (up.low, up.high) if up.low is not None and up.high is not None else None)
     level = f"{throughput.confidence:.0%}"
     decision = up.decide(minimum)
 
     def gate(passed: bool, detail: str, verdict: str) -> Gate:
         return Gate(name, passed, up.ratio, minimum, detail, verdict, interval, kind="throughput",
-                    provider=engine, batch_size=bench.batch_size)
+                    provider=provider, batch_size=bench.batch_size)
 
     if decision == "pass":
         return gate(True, f"speedup {where} {up.shown()} ({level}, {up.rounds} rounds): all of it >= {minimum:g}",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from temper.validators import report_model
 from temper.validators.pairs import split
 from temper.validators.speedup import Speedup
-from temper.validators.subject import CandidateResult, Validation, engines_of
+from temper.validators.subject import CandidateResult, Validation, providers_of
 from temper.validators.throughput import Measurement
 
 
@@ -14,15 +14,15 @@ def build_report(validation: Validation) -> report_model.Report:
     """The report.json contract (validators/report_model.py; written with report_model.dumps)."""
     subject = validation.subject
     throughput = subject.spec.throughput
-    engine = engines_of(subject.spec)[0]
-    chosen = split(validation.selected, engine)
+    provider = providers_of(subject.spec)[0]
+    chosen = split(validation.selected, provider)
     return report_model.Report(
         schema_version=report_model.SCHEMA_VERSION,
         recipe=subject.recipe_name,
         host=validation.host,
         target=None if subject.preset is None else report_model.Target.model_validate(subject.preset),
         metric=validation.metric_name,
-        baseline=report_model.Baseline(metric=validation.baseline_metric, engine=engine,
+        baseline=report_model.Baseline(metric=validation.baseline_metric, engine=provider,
                                        throughput=[_measurement(m) for m in validation.baseline_throughput],
                                        batch_composition=validation.baseline_composition),
         allowed_drop=validation.allowed_drop,
@@ -38,7 +38,7 @@ def build_report(validation: Validation) -> report_model.Report:
                           for name, records in validation.session_searches.items()},
         select=subject.rule,
         selected=chosen.model,
-        selected_engine=chosen.engine,
+        selected_engine=chosen.provider,
         selected_pair=validation.selected,
         selection_reason=validation.reason,
         ties=[report_model.TiedPair(pair=t.name, speedup=None if t.speedup is None else t.speedup.ratio,
@@ -60,7 +60,7 @@ def _measurement(m: Measurement) -> report_model.Measurement:
 def _candidate(c: CandidateResult, precision: str | None) -> report_model.Candidate:
     return report_model.Candidate(
         model=c.pair.model,
-        engine=c.pair.engine,
+        engine=c.pair.provider,
         engine_precision=c.engine_precision,
         passed=c.verdict.passed,
         precision=None if c.census is None else c.census.precision(),

@@ -28,6 +28,7 @@ from temper.artifacts.core.errors import StepFailed
 from temper.artifacts.core.host import Load, LoadMeter
 from temper.artifacts.core.layout import Layout
 from temper.artifacts.core.onnx_io import load_structure
+from temper.artifacts.engines.providers import Provider
 from temper.validators.throughput import Measurement, Session, batch_of, measure
 
 ROUNDS = 5  # rounds every model gets; more only while a comparison is undecided
@@ -70,7 +71,7 @@ class Timing:
     deadline: float | None = None
 
 
-def interleave(bench: Bench, sessions: dict[str, Session], paths: dict[str, tuple[Path, str]],
+def interleave(bench: Bench, sessions: dict[str, Session], paths: dict[str, tuple[Path, Provider]],
                sample: dict[str, np.ndarray], layout: Layout, timing: Timing,
                undecided: Callable[[Bench, str], bool], more: Callable[[Bench, int, list[str]], None] = lambda *_: None,
                ) -> Bench:
@@ -113,7 +114,7 @@ def interleave(bench: Bench, sessions: dict[str, Session], paths: dict[str, tupl
 
 
 def replay_problems(sessions: dict[str, Session], feeds: dict[str, dict[str, np.ndarray]],
-                    graphs: dict[Path, onnx.ModelProto], paths: dict[str, tuple[Path, str]],
+                    graphs: dict[Path, onnx.ModelProto], paths: dict[str, tuple[Path, Provider]],
                     sample: dict[str, np.ndarray], size: int, layout: Layout) -> dict[str, str]:
     """Each session whose CUDA-graph path answers differently from its plain run at batch `size` (on its
     timed batch, then on the sample's rows shifted by one, which no graph was captured with), and how."""

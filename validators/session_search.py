@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar, cast
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 from pydantic import BaseModel
@@ -65,14 +65,14 @@ class Row:
         return type(default).model_validate({**default.model_dump(), **self.changes})
 
 
-def table(provider: str) -> tuple[Row, ...]:
+def table(provider: Provider) -> tuple[Row, ...]:
     """The settings tried on `provider`, each against the default alone, as its runtime lists them
     (artifacts/engines/: ONNX Runtime's CPU tries one thread, spinning and extended graph optimization;
     OpenVINO one thread and two streams; GPU rows take no thread settings, so none)."""
-    return tuple(Row(name, changes) for name, changes in engines.of(provider).search_rows(cast(Provider, provider)))
+    return tuple(Row(name, changes) for name, changes in engines.of(provider).search_rows(provider))
 
 
-def rows_for(provider: str, default: BaseModel) -> tuple[Row, ...]:
+def rows_for(provider: Provider, default: BaseModel) -> tuple[Row, ...]:
     """The rows of table(provider) that change something on this host (one thread is the default
     on a one-core host)."""
     return tuple(row for row in table(provider) if row.apply(default) != default)
@@ -116,7 +116,7 @@ def choose(trials: list[Trial], ranking: int) -> Trial | None:
 class Plan:
     """What a search measures, and what its result depends on."""
 
-    provider: str
+    provider: Provider
     batch_sizes: list[int]
     confidence: float
     budget_s: float

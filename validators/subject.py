@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from temper.artifacts.core.host import HostProfile
 from temper.artifacts.core.layout import AXIS0, Layout
+from temper.artifacts.engines.providers import Provider
 from temper.calibration.sources import Dataset
 from temper.validators import report_model
 from temper.validators.census import Census
@@ -99,6 +100,6 @@ class Validation:
         return self.selected != BASELINE
 
 
-def engines_of(spec: ValidateSpec) -> list[str]:
-    """The engines a recipe pairs its models with: validate.throughput.providers, else ONNX Runtime's CPU."""
+def providers_of(spec: ValidateSpec) -> list[Provider]:
+    """The providers a recipe pairs its models with: validate.throughput.providers, else ONNX Runtime's CPU."""
     return list(spec.throughput.providers) if spec.throughput else ["cpu"]

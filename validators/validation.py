@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 
@@ -31,18 +30,18 @@ from temper.validators.pairs import BASELINE, Pair, pairs, reference
 from temper.validators.report_build import build_report
 from temper.validators.selection import why_baseline, why_selected
 from temper.validators.speedup import Speedup, estimate
-from temper.validators.subject import CandidateResult, Searched, Subject, Validation, engines_of
+from temper.validators.subject import CandidateResult, Searched, Subject, Validation, providers_of
 from temper.validators.throughput import batch_of, session_for
 
-__all__ = ["CandidateResult", "Searched", "Subject", "Validation", "build_report", "engines_of", "validate"]
+__all__ = ["CandidateResult", "Searched", "Subject", "Validation", "build_report", "providers_of", "validate"]
 
 Progress = Callable[[str], None]
 
 
-def evaluated_on(engine: str) -> str:
+def evaluated_on(provider: Provider) -> Provider:
     """Where a pair's accuracy and fidelity are measured: on its own row, so that what is gated is what the
     engine computes (a BF16 engine on its own outputs, a GPU's FP16 kernels on theirs)."""
-    return engine
+    return provider
 
 
 def validate(subject: Subject, progress: Progress = lambda _: None, log: Progress = lambda _: None) -> Validation:
@@ -50,8 +49,8 @@ def validate(subject: Subject, progress: Progress = lambda _: None, log: Progres
     timing that finished (a pair at a batch size), for a line of its own in a CI log."""
     spec = subject.spec
     host = profile()
-    rows = engines_of(spec)
-    ref = reference(rows)
+    providers = providers_of(spec)
+    ref = reference(providers)
     built = {name: path for name, path in subject.candidates.items() if isinstance(path, Path)}
     sample = {k: v[: max(spec.throughput.batch_sizes) if spec.throughput else 1]
               for k, v in subject.evaluation.features.items()}
@@ -60,7 +59,7 @@ def validate(subject: Subject, progress: Progress = lambda _: None, log: Progres
 
     progress("baseline › evaluate")
     base_out = predict(subject.baseline, subject.evaluation.features, subject.eval_batch_size, subject.layout,
-                       evaluated_on(ref.engine), subject.kept)
+                       evaluated_on(ref.provider), subject.kept)
     scorer = None
     if spec.accuracy:
         scorer = scoring.reference(spec, subject.baseline, base_out, subject.outputs, subject.evaluation,
@@ -68,17 +67,17 @@ def validate(subject: Subject, progress: Progress = lambda _: None, log: Progres
                                    subject.layout, subject.kept)
 
     paths = {BASELINE: subject.baseline, **built}
-    measured = {pair.key(ref.engine): (pair, paths[pair.model]) for pair in pairs(list(built), rows)}
-    benches, searches = bench_all(spec.throughput, measured, ref.key(ref.engine), sample, progress, subject.layout,
+    measured = {pair.key(ref.provider): (pair, paths[pair.model]) for pair in pairs(list(built), providers)}
+    benches, searches = bench_all(spec.throughput, measured, ref.key(ref.provider), sample, progress, subject.layout,
                                   host, subject.records, log)
-    outputs: dict[tuple[str, str], Outputs] = {(BASELINE, evaluated_on(ref.engine)): base_out}
+    outputs: dict[tuple[str, str], Outputs] = {(BASELINE, evaluated_on(ref.provider)): base_out}
     progress("baseline › batch composition")
     composer = Composer(subject.evaluation.features, subject.layout, subject.serving_pad, subject.serving_batch, spec,
-                        subject.baseline, evaluated_on(ref.engine))
+                        subject.baseline, evaluated_on(ref.provider))
     results = []
-    for pair in pairs(list(subject.candidates), rows):
-        key, path = pair.key(ref.engine), paths.get(pair.model)
-        if pair == ref or (path is None and pair.engine != ref.engine):
+    for pair in pairs(list(subject.candidates), providers):
+        key, path = pair.key(ref.provider), paths.get(pair.model)
+        if pair == ref or (path is None and pair.provider != ref.provider):
             continue  # a model that did not build is reported once, on the reference engine
         result = CandidateResult(Verdict(key), pair, tuning=subject.tunings.get(pair.model))
         results.append(result)
@@ -88,7 +87,7 @@ def validate(subject: Subject, progress: Progress = lambda _: None, log: Progres
             continue
         result.verdict.bytes = path.stat().st_size
         result.verdict.gates.append(Gate("build", True, None, None, "built", kind="build"))
-        where = (pair.model, evaluated_on(pair.engine))
+        where = (pair.model, evaluated_on(pair.provider))
         if where not in outputs:
             progress(f"{key} › evaluate")
             outputs[where] = predict(path, subject.evaluation.features, subject.eval_batch_size, subject.layout,
@@ -97,7 +96,7 @@ def validate(subject: Subject, progress: Progress = lambda _: None, log: Progres
         for gate in PAIR_GATES:
             result.verdict.gates += gate(judged)
         result.engine_precision = _engine_precision(result, pair, path)
-        if pair.engine == "cpu" and result.census is not None and result.census.quantized:
+        if pair.provider == "cpu" and result.census is not None and result.census.quantized:
             result.engine_census = engine_census.of_session(path, _ort_settings(result))
     if spec.throughput:  # on a GPU row, INT8 must also beat FP16
         over = int8_over_fp16([(r.verdict.name, r.pair) for r in results], subject.precisions, benches,
@@ -118,9 +117,9 @@ def validate(subject: Subject, progress: Progress = lambda _: None, log: Progres
                            spec, base_bytes))
     return Validation(subject, host, scorer.metric.name if scorer else None, scorer.value if scorer else None,
                       scorer.allowed if scorer else None,
-                      [bench.figure(ref.key(ref.engine)) for bench in benches], results, selection.name or BASELINE,
+                      [bench.figure(ref.key(ref.provider)) for bench in benches], results, selection.name or BASELINE,
                       reason, searches, selection, disagreements(outputs, spec),
-                      composer.of(subject.baseline, evaluated_on(ref.engine))[0])
+                      composer.of(subject.baseline, evaluated_on(ref.provider))[0])
 
 
 def _ort_settings(result: CandidateResult) -> SessionSettings:
@@ -136,13 +135,13 @@ def _engine_precision(result: CandidateResult, pair: Pair, path: Path) -> str | 
     """The precision a pair's engine computes in as the live session reported it, for a runtime that has one
     of its own (OpenVINO's compiled model): the speed figures' read-back settings, else a session's
     (session_for refuses one that reports another than asked). None: the graph's precision is what runs."""
-    engine = engines.of(pair.engine)
+    engine = engines.of(pair.provider)
     for measurement, _ in result.throughput:
         if measurement.session:
             return engine.settings.model_validate(measurement.session).precision
-    if PROVIDERS[cast(Provider, pair.engine)].precision is None:
+    if PROVIDERS[pair.provider].precision is None:
         return None
-    return engine.settings_of(session_for(path, pair.engine)).precision
+    return engine.settings_of(session_for(path, pair.provider)).precision
 
 
 def _precheck_throughput(subject: Subject, built: dict[str, Path], sample: dict[str, np.ndarray]) -> None:

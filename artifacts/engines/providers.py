@@ -59,3 +59,11 @@ BEST_FIRST: tuple[Provider, ...] = ("tensorrt", "cuda", "cpu")
 def named(ort_provider: str) -> Provider:
     """The recipe's name for an ONNX Runtime provider a session runs on ("cpu" for any other)."""
     return next((info.name for info in PROVIDERS.values() if info.ort and info.ort == ort_provider), "cpu")
+
+
+def provider_named(name: str) -> Provider:
+    """`name` as a row of the table: the checked way from a string (a report key, a JSON field) to a Provider."""
+    for provider in PROVIDERS:
+        if provider == name:
+            return provider
+    raise ValueError(f"{name!r} is not a provider: one of {', '.join(PROVIDERS)}")

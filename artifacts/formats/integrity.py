@@ -120,7 +120,7 @@ def _check_external_data(path: Path, remedy: str) -> None:
                                  f"short; {remedy}")
 
 
-def check_output(folder: Path, names: list[str], manifest: dict[str, Any], remedy: str) -> None:
+def check_built_files(folder: Path, names: list[str], manifest: dict[str, Any], remedy: str) -> None:
     """Check OUTPUT/NAME/model.onnx of each name (the baseline and built candidates of a run's output folder)."""
     for name in names:
         check_model(folder / candidate_name(manifest, name) / MODEL, name, manifest, remedy)

@@ -24,11 +24,11 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from temper.artifacts import engines
 from temper.artifacts.core.errors import first_line
-from temper.artifacts.engines.providers import Provider
+from temper.artifacts.engines.providers import provider_named
 from temper.artifacts.serving.tensor_memory import Region
 
 MAX_MESSAGE = 1 << 20  # a descriptor is a few hundred bytes; this bounds a model with very many tensors
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
 
 def _load(spec: dict[str, Any]) -> tuple[Any, str]:
     """The instance's engine, built from the spec as the gateway built its own."""
-    engine = cast(Provider, spec["engine"])
+    engine = provider_named(spec["engine"])
     runtime = engines.of(engine)
     session, row, _ = runtime.serve(Path(spec["model"]), engine, runtime.settings.model_validate(spec["settings"]),
                                     spec["providers"] or None, spec["name"])

@@ -17,7 +17,7 @@ from temper.artifacts.core.errors import OptionError, RecipeError, TemperError, 
 from temper.artifacts.core.host import profile
 from temper.artifacts.core.layout import Layout
 from temper.artifacts.core.onnx_io import dims, load_structure
-from temper.artifacts.engines.providers import PROVIDERS
+from temper.artifacts.engines.providers import PROVIDERS, Provider, provider_named
 from temper.pipeline.cli.common import err, out
 from temper.validators.throughput import (
     Measurement,
@@ -34,6 +34,7 @@ from temper.validators.throughput import (
 class Plan:
     """What is measured: the batch sizes, one random sample as large as the largest, its layout."""
 
+    provider: Provider
     sizes: list[int]
     sample: dict[str, np.ndarray]
     layout: Layout
@@ -78,7 +79,7 @@ def planned(model: Path, batch_sizes: str, provider: str, dim: list[str], scalar
         raise RecipeError(file, exc.key, exc.message) from None
     except ValueError as exc:
         raise RecipeError(file, "--batch-sizes", str(exc)) from None
-    return Plan(sizes, sample, layout)
+    return Plan(provider_named(provider), sizes, sample, layout)
 
 
 def _model(model: Path, texts: dict[str, str]) -> tuple[onnx.ModelProto, dict[str, float]]:
@@ -106,9 +107,9 @@ def _model(model: Path, texts: dict[str, str]) -> tuple[onnx.ModelProto, dict[st
     return structure, values
 
 
-def measured(model: Path, plan: Plan, provider: str, duration: float, warmup: float) -> list[Measurement]:
+def measured(model: Path, plan: Plan, duration: float, warmup: float) -> list[Measurement]:
     """Each batch size timed on one session, made as serving makes it (threads chosen by a batch-1 timing)."""
-    file, sample, layout = str(model), plan.sample, plan.layout
+    file, sample, layout, provider = str(model), plan.sample, plan.layout, plan.provider
     results = []
     session = None  # made once: threads chosen as serving chooses them (validators.throughput.tuned_session)
     for size in plan.sizes:

@@ -52,7 +52,7 @@ def bench(
     from temper.pipeline.cli import benching
 
     plan = benching.planned(model, batch_sizes, provider, dim or [], scalar or [])
-    benching.show(benching.measured(model, plan, provider, duration, warmup), model, provider, as_json)
+    benching.show(benching.measured(model, plan, duration, warmup), model, provider, as_json)
 
 
 @app.command()

@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from temper.artifacts.decoder_session import DecoderSession
-from temper.artifacts.host import profile
+from temper.artifacts.core.host import profile
+from temper.artifacts.engines.decoder_session import DecoderSession
 from temper.pipeline.decoders import flow
 from temper.pipeline.decoders.loading import load_decoder
 from temper.pipeline.decoders.text import text_set

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from temper.artifacts.errors import RecipeError, close_names
+from temper.artifacts.core.errors import RecipeError, close_names
 from temper.pipeline import presets
 from temper.pipeline.quantize_backends import BACKENDS
 from temper.pipeline.recipe import Recipe

@@ -8,11 +8,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from temper.artifacts import bundle, versions
-from temper.artifacts.errors import EnvironmentProblem, first_line
-from temper.artifacts.host import HostProfile
-from temper.artifacts.integrity import sha256_of
-from temper.artifacts.registry import Published, StoreUnreachable, open_store, record_run, register
+from temper.artifacts.core import versions
+from temper.artifacts.core.errors import EnvironmentProblem, first_line
+from temper.artifacts.core.host import HostProfile
+from temper.artifacts.formats import bundle
+from temper.artifacts.formats.integrity import sha256_of
+from temper.artifacts.registry.store import Published, StoreUnreachable, open_store, record_run, register
 from temper.pipeline.cache import MODEL_FILE
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.outputs import MANIFEST, serving_layout

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 TEMPER = Path(sys.executable).with_name("temper")
 FOLDERS = ("pipeline", "calibration", "validators", "artifacts")

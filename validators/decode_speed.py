@@ -5,7 +5,7 @@ Every round times the baseline and each model back to back, in an order that rot
 load hits all alike; the round's time ratio (baseline / model: above 1 is faster) is one paired observation and
 validators/speedup.py turns the rounds into a geometric mean with its t-interval, as the CNN speed gates do. The
 absolute figures (milliseconds, tokens/s) are the medians over rounds. The decode path is
-artifacts/decoder_session.py's: the prompt in one call, then one token per call, no IO binding.
+artifacts/engines/decoder_session.py's: the prompt in one call, then one token per call, no IO binding.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from temper.artifacts.decoder_session import DecoderSession
+from temper.artifacts.engines.decoder_session import DecoderSession
 from temper.validators.speedup import Speedup, estimate
 
 

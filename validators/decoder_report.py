@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import GenerateJsonSchema
 
-from temper.artifacts.host import HostProfile
+from temper.artifacts.core.host import HostProfile
 
 SCHEMA_VERSION = 1
 Interval = tuple[float, float]

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt
 
-from temper.artifacts.strict import Strict
+from temper.artifacts.core.strict import Strict
 
 
 class QualitySpec(Strict):

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from temper.artifacts.decoder_session import DecoderSession, Generated
-from temper.artifacts.host import profile
+from temper.artifacts.core.host import profile
+from temper.artifacts.engines.decoder_session import DecoderSession, Generated
 from temper.validators import decode_speed
 from temper.validators.decoder_census import weight_census, weight_share
 from temper.validators.decoder_report import (

@@ -20,10 +20,10 @@ from temper.pipeline.cache import StepCache
 from temper.pipeline.cli.common import (
     CacheOpt,
     Display,
+    Invocation,
     OutputOpt,
     RecipeArg,
     RequireOpt,
-    Session,
     TrackingOpt,
     absolute,
     app,
@@ -76,7 +76,7 @@ def run(
         outcome = flow.run(loaded, output or (Path("out") / loaded.recipe.name).resolve(),
                            step_cache(cache_dir, not no_cache), require=require, tracking=tracking_uri,
                            observer=Display(shown_progress), allow_build_errors=allow_build_errors,
-                           committed=ctx.ensure_object(Session).committed,
+                           committed=ctx.ensure_object(Invocation).committed,
                            notify=lambda line: shown_progress.console.print(notice(line), soft_wrap=True))
     assert outcome.result is not None
     out.print(_summary(outcome.result))

@@ -18,7 +18,7 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
-from temper.artifacts.errors import EnvironmentProblem, RecipeError
+from temper.artifacts.core.errors import EnvironmentProblem, RecipeError
 from temper.pipeline.decoders.loading import LoadedDecoder
 from temper.pipeline.decoders.spec import WeightOptions
 
@@ -93,7 +93,7 @@ def kept_float(base: Path, options: WeightOptions) -> list[str]:
     """The weight MatMuls `keep_float` names (by a part of their node name): left out of quantization."""
     import onnx
 
-    from temper.artifacts.decoder_session import DecoderLayout
+    from temper.artifacts.engines.decoder_session import DecoderLayout
 
     if not options.keep_float:
         return []
@@ -108,7 +108,7 @@ def candidate(base: Path, options: WeightOptions, out: Path) -> tuple[Path, list
     MatMuls left in float."""
     import onnx
 
-    from temper.artifacts.decoder_session import DecoderLayout
+    from temper.artifacts.engines.decoder_session import DecoderLayout
 
     out.mkdir(parents=True, exist_ok=True)
     name = DecoderLayout.read(base).filename

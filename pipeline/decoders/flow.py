@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from temper.artifacts.errors import RecipeError, first_line
+from temper.artifacts.core.errors import RecipeError, first_line
+from temper.artifacts.core.folders import claim, discard, mark, replaceable, swap_in, sweep
 from temper.pipeline.decoders import build
 from temper.pipeline.decoders.loading import LoadedDecoder
 from temper.pipeline.decoders.text import text_set
@@ -45,17 +46,19 @@ def _place(src: Path, dst: Path) -> None:
 
 
 def _staging(output: Path, file: str) -> Path:
-    if output.exists() and not (output / REPORT).is_file() and any(output.iterdir()):
+    """A working folder beside `output`, locked while this process lives (artifacts/core/folders.py), after
+    refusing an output folder temper did not write: nothing without temper's marker is ever replaced."""
+    if not replaceable(output):
         raise RecipeError(file, "--output", f"{output} is a folder temper did not write: give a new or empty one")
-    staged = output.parent / f".{output.name}.partial"
-    shutil.rmtree(staged, ignore_errors=True)
-    staged.mkdir(parents=True)
-    return staged
+    output.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{output.name}.partial-"
+    sweep(output.parent, prefix)  # working folders of runs that died
+    return claim(output.parent, prefix)
 
 
 def _fits_context(loaded: LoadedDecoder, base: Path) -> None:
     """Every sequence the gates run must fit the model's context window (genai_config's context_length)."""
-    from temper.artifacts.decoder_session import DecoderLayout
+    from temper.artifacts.engines.decoder_session import DecoderLayout
 
     context = DecoderLayout.read(base).context_length
     recipe, file = loaded.recipe, str(loaded.file)
@@ -121,11 +124,12 @@ def run(loaded: LoadedDecoder, output: Path, cache_root: Path, *, use_cache: boo
                           recipe.validation, recipe.select, not_built=not_built, searches=loaded.searches,
                           source_view=view, progress=progress)
         (staged / REPORT).write_text(json.dumps(report.model_dump(mode="json"), indent=2) + "\n")
-        shutil.rmtree(output, ignore_errors=True)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        staged.rename(output)
+        mark(staged, recipe=recipe.name)
+        if not replaceable(output):  # checked before the build too: something may have moved in since
+            raise RecipeError(file, "--output", f"{output} is a folder temper did not write: give a new or empty one")
+        swap_in(staged, output)
     finally:
-        shutil.rmtree(staged, ignore_errors=True)
+        discard(staged)  # what is left of it when the run stopped before the swap
     passing = {n for n, m in report.candidates.items() if m.passed}
     missed = [n for n in require or () if not ({n} | set(loaded.searches.get(n, ()))) & passing]
     return DecoderOutcome(output, report, missed, [] if allow_build_errors else sorted(not_built))

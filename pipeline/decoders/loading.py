@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from temper.artifacts.errors import RecipeError
+from temper.artifacts.core.errors import RecipeError
 from temper.pipeline.decoders.spec import DecoderRecipe
 from temper.pipeline.loading import _UniqueKeyLoader as UniqueKeyLoader
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
-from temper.artifacts.strict import Strict
+from temper.artifacts.core.strict import Strict
 from temper.pipeline.recipe import CandidateName
 from temper.validators.decoder_spec import DecoderValidate, WorkloadSelect
 

@@ -8,7 +8,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from temper.artifacts.errors import RecipeError
+from temper.artifacts.core.errors import RecipeError
 from temper.pipeline.decoders.loading import LoadedDecoder
 
 

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts import bundle
+from temper.artifacts.formats import bundle
 from tests.artifacts.servers import Client, _counter, _metrics, _temper_serve
 
 WIDTH = 256
@@ -143,7 +143,7 @@ def test_the_rows_of_a_running_batch_count_against_the_target():
     alone, p99 during a burst at 2.5x the target)."""
     from concurrent.futures import Future
 
-    from temper.artifacts.fallback import BurstFallback
+    from temper.artifacts.serving.fallback import BurstFallback
 
     fallback = BurstFallback(_Primary(), _Primary(), target_ms=50)  # type: ignore[arg-type]
     assert fallback.estimate_ms() == pytest.approx(10)  # idle: its own row

@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 
 
 def _client(uri: str) -> MlflowClient:
@@ -95,7 +95,7 @@ def test_when_no_candidate_passes_the_baseline_is_published_with_the_reason(temp
 
 @pytest.mark.slow
 def test_the_measuring_host_travels_with_the_published_model(temper, gated_digits, tmp_path, tracking_store):
-    from temper.artifacts.host import profile
+    from temper.artifacts.core.host import profile
 
     out = tmp_path / "out"
     assert temper("run", gated_digits, "--output", out).code == 0

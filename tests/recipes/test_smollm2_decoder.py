@@ -17,7 +17,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.conftest import CliResult
+from tests.helpers import CliResult
 from tests.pipeline.decoders.tiny import TEXT
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from temper.artifacts.decoder_session import repetition
+from temper.artifacts.engines.decoder_session import repetition
 from temper.validators.decoder_report import DecoderGate, DecoderModel, Generation, Speed, schema_text
 from temper.validators.decoder_selection import select
 from temper.validators.perplexity import log_softmax, paired_interval, sequence_nll

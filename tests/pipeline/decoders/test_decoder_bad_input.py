@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CliResult
+from tests.helpers import CliResult
 from tests.pipeline.decoders.tiny import TEXT, write_recipe
 
 
@@ -66,3 +66,19 @@ def test_commands_other_than_run_refuse_a_decoder_recipe_in_one_line(temper: Cal
     recipe = write_recipe(tmp_path / "recipe.yaml", hf)
     result = temper("check", str(recipe))
     _one_line(result, recipe, "kind", "only `temper run` takes it so far")
+
+
+def test_an_output_folder_temper_did_not_write_is_refused_and_left_alone(temper: Callable[..., CliResult],
+                                                                        tmp_path: Path, hf: Path) -> None:
+    """A folder of the user's, even one holding a report.json, is never replaced: one line, exit 2, before any
+    build, and every file in it as it was."""
+    recipe = write_recipe(tmp_path / "recipe.yaml", hf)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.json").write_text('{"mine": true}')
+    (mine / "notes.txt").write_text("keep")
+    result = temper("run", str(recipe), "--output", str(mine))
+    _one_line(result, recipe, "--output", "a folder temper did not write")
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "report.json"]
+    assert (mine / "report.json").read_text() == '{"mine": true}'
+    assert [p.name for p in tmp_path.iterdir() if ".partial" in p.name] == []

@@ -10,13 +10,13 @@ import numpy as np
 import onnx
 import pytest
 
-from temper.artifacts.decoder_session import DecoderSession
+from temper.artifacts.engines.decoder_session import DecoderSession
 from temper.pipeline.decoders import build
 from temper.pipeline.decoders.loading import load_decoder
 from temper.pipeline.decoders.spec import WeightOptions
 from temper.validators.decoder_census import weight_census
 from temper.validators.perplexity import compare
-from tests.conftest import CliResult
+from tests.helpers import CliResult
 from tests.pipeline.decoders.tiny import tiny_llama, write_recipe
 
 
@@ -90,7 +90,7 @@ def test_a_model_against_itself_is_exactly_equal(baseline: Path) -> None:
 
 
 def test_text_too_short_for_the_asked_sequences_is_bad_input(baseline: Path, tmp_path: Path) -> None:
-    from temper.artifacts.errors import RecipeError
+    from temper.artifacts.core.errors import RecipeError
     from temper.pipeline.decoders.text import text_set
 
     short = tmp_path / "short.txt"

@@ -10,7 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.conftest import CliResult
+from tests.helpers import CliResult
 from tests.pipeline.decoders.tiny import tiny_llama, write_recipe
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "validators" / "decoder_report.schema.json").read_text())

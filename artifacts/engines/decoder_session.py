@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,18 +113,27 @@ class DecoderSession:
                  loop_repeats: int = 4) -> Generated:
         """Greedy decoding with the KV cache until an end-of-sequence token, `max_new` tokens, or a loop: the
         last `loop_repeats` spans of some period up to `loop_window` tokens all equal (a model stuck repeating)."""
-        logits, past = self.forward(np.asarray([prompt], np.int64), self.empty_cache())
         tokens: list[int] = []
-        for _ in range(max_new):
-            token = int(np.argmax(logits[0, -1]))
+        for token in self.greedy(prompt, max_new):
             tokens.append(token)
             if token in self.layout.eos:
                 return Generated(tokens, "eos")
             found = repetition(tokens, loop_window, loop_repeats)
             if found is not None:
                 return Generated(tokens, "loop", found)
-            logits, past = self.forward(np.asarray([[token]], np.int64), past)
         return Generated(tokens, "length")
+
+    def greedy(self, prompt: Sequence[int], max_new: int) -> Iterator[int]:
+        """The greedy loop itself, one token at a time as each is chosen (the generation gate and `temper serve`
+        both run it): the prompt in one prefill call, then one decode call per token; it ends after an
+        end-of-sequence token (yielded) or `max_new` tokens, and never runs the call a token would not use."""
+        logits, past = self.forward(np.asarray([prompt], np.int64), self.empty_cache())
+        for step in range(max_new):
+            token = int(np.argmax(logits[0, -1]))
+            yield token
+            if token in self.layout.eos or step + 1 == max_new:
+                return
+            logits, past = self.forward(np.asarray([[token]], np.int64), past)
 
     def time_prefill(self, prompt: np.ndarray) -> float:
         """Seconds to the first token: the prefill call on `prompt` [batch, tokens] and the argmax."""

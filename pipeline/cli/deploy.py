@@ -109,10 +109,15 @@ def serve(
 ) -> None:
     """Serve a bundle, or a model repository of several, over the Open Inference Protocol (KServe v2 REST, and gRPC
     with --grpc-port): dynamic batching, model load and unload, Prometheus /metrics."""
-    from temper.pipeline.cli import servers
+    from temper.pipeline.cli import decoder_serving, servers
     from temper.pipeline.cli.serving import checked_control, loaded_models
 
     checked_control(model, control, load_model or [])
+    decoder = decoder_serving.located(model)
+    if decoder is not None:  # a decoder LLM: Triton's generate extension (docs/decoders.md)
+        decoder_serving.checked_flags(model, grpc_port, control, load_model or [], burst_fallback_ms)
+        decoder_serving.serve(model, decoder, host, port, instances)
+        return
     servers.show_worker_deaths()
     sock = servers.listen(model, host, port, grpc_port)
     with sock, loaded_models(model, tracking_uri, control, load_model or [], strict_readiness, instances,

@@ -104,6 +104,8 @@ def reachable(client: MlflowClient) -> None:
             else:
                 os.environ[key] = value
 
+GENAI_CONFIG = "genai_config.json"  # a decoder's model builder folder
+
 
 @dataclass(frozen=True)
 class Published:
@@ -125,9 +127,11 @@ def record_run(
     output_folder: Path,
     tags: dict[str, str],
     bundle: Path | None,
+    decoder: Path | None = None,
 ) -> tuple[str, str | None]:
-    """One MLflow run per temper run, gates passed or not; the serving bundle is logged as a pyfunc
-    model only when there is one to ship. Returns (run id, model URI or None)."""
+    """One MLflow run per temper run, gates passed or not; the serving bundle (or a decoder's model builder
+    folder) is logged as a pyfunc model only when there is one to ship. Returns (run id, model URI or None)."""
+    from temper.artifacts.registry.decoder_pyfunc import log_decoder
     from temper.artifacts.registry.pyfunc import log_bundle
 
     with mlflow.start_run(experiment_id=_experiment(client, experiment), run_name=run_name) as run:
@@ -136,6 +140,8 @@ def record_run(
         mlflow.set_tags({f"temper.{k}": v for k, v in tags.items()})
         mlflow.log_artifacts(str(output_folder), artifact_path="output")
         model_uri = log_bundle(bundle, name="model").model_uri if bundle is not None else None
+        if decoder is not None:
+            model_uri = log_decoder(decoder, name="model").model_uri
     return run.info.run_id, model_uri
 
 
@@ -223,6 +229,16 @@ class Fetched:
         return f"models:/{self.name}/{self.version}"
 
 
+def version_tags(uri: str, tracking: str | None) -> dict[str, str]:
+    """The tags of the version a models:/ URI names (what `temper serve` reads to tell a decoder from a bundle),
+    without downloading it; StoreUnreachable, NoSuchModel."""
+    client = open_store(tracking)
+    try:
+        return dict(_resolve_version(client, uri).tags)
+    except (ValueError, mlflow.exceptions.MlflowException) as exc:
+        raise NoSuchModel(_first_line(exc)) from exc
+
+
 def fetch(uri: str, tracking: str | None, dest: Path) -> Fetched:
     """The one way a registered model reaches this machine (`pull`, `serve`, `export-triton`): check `dest`
     is temper's to fill (FolderInUse) and the store answers (StoreUnreachable), resolve models:/NAME@ALIAS or
@@ -234,7 +250,10 @@ def fetch(uri: str, tracking: str | None, dest: Path) -> Fetched:
         uri = f"models:/{found.name}/{found.version}"
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp))
         folder = next((p.parent for p in local.rglob(CONFIG)), None)
-        if folder is None:
+        if folder is None:  # a decoder LLM: its model builder folder (genai_config.json), which `temper serve` serves
+            decoder = next((p.parent for p in local.rglob(GENAI_CONFIG)), None)
+            if decoder is not None:
+                return decoder
             raise FileNotFoundError(f"{uri} holds no temper serving bundle ({CONFIG} not found)")
         try:  # before it reaches `dest`: a damaged copy is never delivered
             warning = check_bundle(folder, DAMAGED)

@@ -69,7 +69,8 @@ def run(
     if is_decoder(recipe):  # `kind: decoder`: a causal LM's own flow (pipeline/decoders/)
         from temper.pipeline.cli.decoder import run_decoder
 
-        raise typer.Exit(run_decoder(recipe, output, cache_dir, no_cache, require, allow_build_errors))
+        raise typer.Exit(run_decoder(recipe, output, cache_dir, no_cache, require, allow_build_errors,
+                                    tracking_uri))
     loaded = load_recipe(recipe)
     begin = time.perf_counter()
     with progress() as shown_progress:

@@ -36,7 +36,7 @@ def _table(report: DecoderReport) -> Table:
 
 
 def run_decoder(recipe: Path, output: Path | None, cache_dir: Path | None, no_cache: bool,
-                require: list[str] | None, allow_build_errors: bool) -> int:
+                require: list[str] | None, allow_build_errors: bool, tracking: str | None = None) -> int:
     loaded = load_decoder(recipe)
     begin = time.perf_counter()
     target = (output or Path("out") / loaded.recipe.name).resolve()
@@ -56,4 +56,11 @@ def run_decoder(recipe: Path, output: Path | None, cache_dir: Path | None, no_ca
     out.print(f"wrote {shown(outcome.folder)} in {time.perf_counter() - begin:.1f}s")
     for name in outcome.missed:
         err.print(f"--require {name}: did not pass")
+    if loaded.recipe.publish is not None and report.baseline.passed:  # a baseline off its source: nothing to ship
+        from temper.pipeline.decoders.publishing import publish_decoder
+
+        done = publish_decoder(loaded, outcome.folder, report, tracking)
+        how = f"reused version {done.version} (same model and recipe)" if done.reused else \
+            f"registered version {done.version}"
+        out.print(f"published: {done.uri} -> {done.name} {how} ({report.selected})", soft_wrap=True)
     return outcome.exit_code

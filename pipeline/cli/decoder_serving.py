@@ -20,6 +20,7 @@ class DecoderTarget:
     folder: Path  # the builder folder served
     name: str  # the model name routes use: the recipe's
     what: str  # a phrase for the serving line
+    version: str = "1"  # the registry's for a models:/ URI
 
 
 def _decoder_report(output: Path) -> dict | None:
@@ -56,6 +57,22 @@ def located(model: str) -> DecoderTarget | None:
     return DecoderTarget(path, path.name, f"{path.name} (a model builder folder)")
 
 
+def registered_decoder(model: str, tracking: str | None) -> bool:
+    """Whether a models:/ URI names a version `temper run` published from a decoder recipe (tag `kind`); an
+    unknown name or version is left to the bundle path, which says so in its own words."""
+    from temper.artifacts.core.errors import EnvironmentProblem
+    from temper.artifacts.registry.store import NoSuchModel, StoreUnreachable, version_tags
+
+    if not model.startswith("models:/"):
+        return False
+    try:
+        return version_tags(model, tracking).get("kind") == "decoder"
+    except NoSuchModel:
+        return False
+    except StoreUnreachable as exc:
+        raise EnvironmentProblem(str(exc)) from exc
+
+
 def checked_flags(model: str, grpc_port: int | None, control: str, load_model: list[str],
                   burst_fallback_ms: float | None) -> None:
     """Flags of the tensor server a decoder has no use for: one line each, exit 2, before anything loads."""
@@ -79,7 +96,7 @@ def serve(model: str, target: DecoderTarget, host: str, port: int, instances: in
     sock = servers.listen(model, host, port, None)
     with sock:
         try:
-            decoder = DecoderModel(target.folder, target.name, instances=instances or 1)
+            decoder = DecoderModel(target.folder, target.name, target.version, instances=instances or 1)
         except RecipeError:
             raise
         except Exception as exc:  # a model onnxruntime cannot load, a tokenizer it cannot read

@@ -114,9 +114,15 @@ def serve(
 
     checked_control(model, control, load_model or [])
     decoder = decoder_serving.located(model)
-    if decoder is not None:  # a decoder LLM: Triton's generate extension (docs/decoders.md)
+    if decoder is not None or decoder_serving.registered_decoder(model, tracking_uri):  # docs/decoders.md
         decoder_serving.checked_flags(model, grpc_port, control, load_model or [], burst_fallback_ms)
-        decoder_serving.serve(model, decoder, host, port, instances)
+        if decoder is not None:
+            decoder_serving.serve(model, decoder, host, port, instances)
+            return
+        with _fetched(model, tracking_uri, "MODEL") as (folder, name, version, tags, _):
+            what = f"{name} version {version} ({tags.get('candidate', '?')})"
+            decoder_serving.serve(model, decoder_serving.DecoderTarget(folder, name, what, version), host, port,
+                                  instances)
         return
     servers.show_worker_deaths()
     sock = servers.listen(model, host, port, grpc_port)

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, PositiveInt, model_validator
 
 from temper.artifacts.core.strict import Strict
-from temper.pipeline.recipe import CandidateName
+from temper.pipeline.recipe import CandidateName, MlflowTarget
 from temper.validators.decoder_spec import DecoderValidate, WorkloadSelect
 
 
@@ -79,6 +79,12 @@ class DecoderCandidate(Strict):
     weights: WeightOptions
 
 
+class DecoderPublish(Strict):
+    """Where the selection is registered (as for every recipe); a decoder has no batching options to set."""
+
+    mlflow: MlflowTarget
+
+
 class DecoderRecipe(Strict):
     """A decoder recipe: `version: 1`, `kind: decoder`."""
 
@@ -90,6 +96,7 @@ class DecoderRecipe(Strict):
     candidates: dict[CandidateName, DecoderCandidate] = Field(min_length=1)
     validation: DecoderValidate = Field(DecoderValidate(), alias="validate")
     select: WorkloadSelect = WorkloadSelect()
+    publish: DecoderPublish | None = None
 
     @model_validator(mode="after")
     def _names(self) -> DecoderRecipe:

@@ -73,6 +73,17 @@ def registered_decoder(model: str, tracking: str | None) -> bool:
         raise EnvironmentProblem(str(exc)) from exc
 
 
+def checked_download(model: str, folder: Path, tags: dict[str, str]) -> None:
+    """A registered decoder's files against the digest its version was registered with (tag model_sha256): a
+    damaged or altered copy is one line, exit 2, and never served."""
+    from temper.pipeline.decoders.publishing import model_digest
+
+    if model_digest(folder) != tags.get("model_sha256"):
+        raise RecipeError(model, "MODEL", "the downloaded model builder folder is not the one registered (its "
+                                          "files' sha256 differ from the version's model_sha256 tag): publish it "
+                                          "again with `temper run`")
+
+
 def checked_flags(model: str, grpc_port: int | None, control: str, load_model: list[str],
                   burst_fallback_ms: float | None) -> None:
     """Flags of the tensor server a decoder has no use for: one line each, exit 2, before anything loads."""

@@ -120,6 +120,7 @@ def serve(
             decoder_serving.serve(model, decoder, host, port, instances)
             return
         with _fetched(model, tracking_uri, "MODEL") as (folder, name, version, tags, _):
+            decoder_serving.checked_download(model, folder, tags)
             what = f"{name} version {version} ({tags.get('candidate', '?')})"
             decoder_serving.serve(model, decoder_serving.DecoderTarget(folder, name, what, version), host, port,
                                   instances)

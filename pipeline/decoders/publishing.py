@@ -35,9 +35,9 @@ def metrics_of(report: DecoderReport) -> dict[str, float]:
 
 def model_digest(folder: Path) -> str:
     """sha256 over the folder's files' own digests (model, external data, configs, tokenizer), by name: the
-    same model published again from the same recipe reuses its version."""
+    same model published again from the same recipe reuses its version, and a download is checked with it."""
     digest = hashlib.sha256()
-    for file in sorted(p for p in folder.iterdir() if p.is_file()):
+    for file in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):  # not a marker
         digest.update(f"{file.name}\0{sha256_of(file)}\n".encode())
     return digest.hexdigest()
 

@@ -5,6 +5,8 @@ models:/NAME@ALIAS` answering the generate extension with the same text."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.artifacts.servers import Client, _temper_serve
 from tests.artifacts.test_decoder_serve import _expected, _generate
-from tests.helpers import CliResult
+from tests.helpers import REPO, CliResult
 from tests.pipeline.decoders.tiny import tiny_llama, write_recipe
 
 pytestmark = pytest.mark.slow
@@ -55,3 +57,10 @@ def test_a_decoder_is_published_once_and_served_from_the_registry(
     assert answer == {"model_name": "tiny-llm", "model_version": "1",
                       "text_output": _expected(selected, "the movie was", 12)}
     assert f"tiny-llm version 1 ({report['selected']})" in printed["stdout"]
+
+    for stored in Path(tracking_store.removeprefix("sqlite:///")).parent.rglob("tokenizer.json"):
+        stored.write_text(stored.read_text().replace('"<unk>"', '"<UNK>"'))  # the registry's copies altered
+    code = "import sys; from temper.pipeline.cli import main; sys.argv[0] = 'temper'; main()"
+    done = subprocess.run([sys.executable, "-c", code, "serve", "models:/tiny-llm@champion"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "not the one registered" in done.stderr, done.stderr

@@ -143,24 +143,32 @@ class GenerateServer:
             raise HttpError(getattr(exc, "status", 400), str(exc)) from None
         if not model.ready:
             raise HttpError(503, f"model '{model.name}' is not ready")
-        if stream:
-            await self._stream(request, send)
-            return
-        pieces: list[str] = []
+        gone = asyncio.Event()  # the client disconnected: its generation stops at the next token
+        watcher = asyncio.create_task(_watch(receive, request, gone))
         try:
-            async for piece in model.stream(request):
-                pieces.append(piece)
-        except (Overloaded, Stopped) as exc:
-            raise HttpError(503, str(exc)) from None
-        except Exception as exc:
-            log.exception("generation failed")
-            model.count("failure")
-            raise HttpError(500, f"{type(exc).__name__}: {exc}") from None
+            if stream:
+                await self._stream(request, send, gone)
+                return
+            pieces: list[str] = []
+            try:
+                async for piece in model.stream(request):
+                    pieces.append(piece)
+            except (Overloaded, Stopped) as exc:
+                raise HttpError(503, str(exc)) from None
+            except Exception as exc:
+                log.exception("generation failed")
+                model.count("failure")
+                raise HttpError(500, f"{type(exc).__name__}: {exc}") from None
+        finally:
+            watcher.cancel()
+        if gone.is_set():
+            model.count("cancelled")
+            return
         model.count("success")
         await _answer(send, 200, _json({"model_name": model.name, "model_version": model.version,
                                         "text_output": "".join(pieces)}), JSON)
 
-    async def _stream(self, request: Request, send: Any) -> None:
+    async def _stream(self, request: Request, send: Any, gone: asyncio.Event) -> None:
         """Server-Sent Events: the status is sent with the first event, so an admission failure is still a 503
         and a failure after it an error event."""
         model, started = self.model, False
@@ -179,10 +187,10 @@ class GenerateServer:
                 raise HttpError(503, str(exc)) from None
             await _event_error(send, str(exc))
             return
-        except OSError:  # the client went away: the generation stops at its next token
-            model.count("cancelled")
+        except OSError:  # a server that raises on a send to a closed connection: as a disconnect
+            request.cancelled.set()
+            gone.set()
             await generation.aclose()
-            return
         except Exception as exc:
             log.exception("generation failed")
             model.count("failure")
@@ -190,12 +198,24 @@ class GenerateServer:
                 raise HttpError(500, f"{type(exc).__name__}: {exc}") from None
             await _event_error(send, f"{type(exc).__name__}: {exc}")
             return
+        if gone.is_set():
+            model.count("cancelled")
+            return
         model.count("success")
         if not started:  # no text at all (an end-of-sequence first): one event with the empty text
             await send({"type": "http.response.start", "status": 200, "headers": [EVENTS]})
             await send({"type": "http.response.body", "body": b"data: " + _json({**head, "text_output": ""})
                         + b"\n\n", "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+
+
+async def _watch(receive: Any, request: Request, gone: asyncio.Event) -> None:
+    """Wait for the client to disconnect (the body was read whole: nothing else arrives) and stop its generation,
+    which would otherwise run to max_tokens for no one."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
+    request.cancelled.set()
 
 
 async def _event_error(send: Any, message: str) -> None:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -200,3 +202,28 @@ def test_one_sequence_per_instance_and_a_full_queue_is_refused(output: Path) -> 
 
 async def _collect(stream: object) -> str:
     return "".join([piece async for piece in stream])  # type: ignore[attr-defined]
+
+
+def test_a_client_that_goes_away_mid_stream_stops_its_generation(output: Path) -> None:
+    selected = output / json.loads((output / "report.json").read_text())["selected"]
+    assert _greedy(selected, "a", 250)[1] == 250  # no end-of-sequence token before: only a stop ends it early
+    body = json.dumps({"text_input": "a", "parameters": {"max_tokens": 250}}).encode()
+    with _temper_serve(str(output)) as (port, _):
+        with socket.create_connection(("127.0.0.1", port)) as raw:
+            raw.sendall(b"POST /v2/models/tiny/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                        b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            assert raw.recv(4096).startswith(b"HTTP/1.1 200")  # the head and a first event or so: then gone
+        client = Client(port)
+        deadline = time.monotonic() + 30
+        while True:  # the watcher notices, the decode thread stops at its next token, then the request is counted
+            families = _families(client)
+            outcomes = {s.labels["outcome"]: s.value for s in families["temper_generate_requests"].samples
+                        if s.name == "temper_generate_requests_total"}
+            if outcomes or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert _generate(client, "after", 4)["text_output"] == _expected(selected, "after", 4)
+        client.close()
+    assert outcomes == {"cancelled": 1.0}
+    tokens = [s.value for s in families["temper_generated_tokens"].samples if s.name.endswith("_total")]
+    assert tokens and tokens[0] < 250  # stopped early, not decoded to max_tokens for no one

@@ -33,6 +33,15 @@ def metrics_of(report: DecoderReport) -> dict[str, float]:
     return found
 
 
+def precision_of(weights: dict) -> str:
+    """The weights' storage in one word, as the tensor models' `precision` tag: fp32, int8 or int4/int8 blocks."""
+    if not weights:
+        return "fp32"
+    if weights.get("method") == "int8-dynamic":
+        return "int8"
+    return f"int{weights.get('bits', 4)}-block{weights.get('block_size', 128)}"  # the recipe's defaults
+
+
 def model_digest(folder: Path) -> str:
     """sha256 over the folder's files' own digests (model, external data, configs, tokenizer), by name: the
     same model published again from the same recipe reuses its version, and a download is checked with it."""
@@ -52,7 +61,8 @@ def publish_decoder(loaded: LoadedDecoder, folder: Path, report: DecoderReport, 
     tags = {"kind": "decoder", "recipe": loaded.recipe.name,
             "recipe_sha256": hashlib.sha256(recipe_bytes).hexdigest(), "passed": str(report.passed).lower(),
             "candidate": report.selected, "model_sha256": model_digest(selected),
-            "weights": str(model.weights or "fp32"), "census": str(model.census), "workload": report.workload,
+            "precision": precision_of(model.weights), "weights": str(model.weights or "fp32"),
+            "census": str(model.census), "workload": report.workload,
             "gates": (", ".join(f"{g.name}={'pass' if g.passed else 'FAIL'}" for g in model.gates)
                       or f"baseline: {report.selection_reason}")[:TAG_LIMIT],
             **{f"{lib}_version": v for lib, v in versions.current().items()}, **host_tags(report.host)}

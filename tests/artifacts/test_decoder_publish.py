@@ -37,6 +37,7 @@ def test_a_decoder_is_published_once_and_served_from_the_registry(
     mlflow.set_tracking_uri(tracking_store)
     version = MlflowClient(tracking_store, tracking_store).get_model_version_by_alias("tiny-llm", "champion")
     assert version.tags["kind"] == "decoder" and version.tags["candidate"] == report["selected"]
+    assert version.tags["precision"] == {"baseline": "fp32", "q8": "int8-block32"}[report["selected"]]
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri="models:/tiny-llm/1", dst_path=str(tmp_path / "dl")))
     shipped = {p.name for p in local.rglob("*") if p.is_file()}
     assert {"tokenizer.json", "tokenizer_config.json", "genai_config.json", "model.onnx", "model.onnx.data"} <= shipped

@@ -113,12 +113,19 @@ class DecoderModel:
         parameters = body.get("parameters", {})
         if not isinstance(parameters, dict):
             raise RequestError("parameters must be a JSON object")
-        unknown = sorted(set(body) - {"text_input", "parameters", "id"})
+        unknown = sorted(set(body) - {"text_input", "max_tokens", "parameters", "id"})
         if unknown:
-            raise RequestError(f"unknown field(s) {', '.join(unknown)}: a request takes text_input and parameters")
-        max_tokens = parameters.get("max_tokens", DEFAULT_MAX_TOKENS)
+            raise RequestError(f"unknown field(s) {', '.join(unknown)}: a request takes text_input, max_tokens "
+                               "and parameters")
+        unknown = sorted(set(parameters) - {"max_tokens"})
+        if unknown:  # sampling options ignored would answer other text than asked for
+            raise RequestError(f"unknown parameter(s) {', '.join(unknown)}: decoding is greedy, and max_tokens "
+                               "is the one parameter")
+        if "max_tokens" in body and "max_tokens" in parameters:
+            raise RequestError("max_tokens is given twice, as an input and in parameters: give it once")
+        max_tokens = body.get("max_tokens", parameters.get("max_tokens", DEFAULT_MAX_TOKENS))
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise RequestError(f"parameters.max_tokens must be a positive integer, got {max_tokens!r}")
+            raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         prompt = self.tokenizer.encode(text, add_special_tokens=False).ids
         if not prompt:
             raise RequestError("text_input encodes to no tokens")

@@ -97,6 +97,9 @@ def test_generate_and_stream_answer_the_greedy_loop_of_the_selected_model(output
             assert "".join(e["text_output"] for e in events) == expected
             counts.append(len(events))
         assert max(counts) > 1  # streamed piece by piece, not in one event
+        status, _, body = client.call("POST", "/v2/models/tiny/versions/1/generate", json.dumps(
+            {"text_input": PROMPTS[0], "max_tokens": 5}).encode())  # max_tokens as an input, as TensorRT-LLM's take it
+        assert status == 200 and json.loads(body)["text_output"] == _expected(selected, PROMPTS[0], 5)
         status, _, body = client.call("GET", "/v2/models/tiny")
         assert status == 200 and json.loads(body)["outputs"][0]["name"] == "text_output"
         assert client.call("GET", "/v2/models/tiny/ready")[0] == 200
@@ -145,7 +148,9 @@ def test_bad_requests_are_one_line_400s_and_counted(output: Path) -> None:
            b'{"text_input": "hi", "parameters": {"max_tokens": "4"}}': "positive integer",
            b'{"text_input": "hi", "parameters": {"max_tokens": true}}': "positive integer",
            b'{"text_input": "hi", "parameters": {"max_tokens": 4000}}': "context of 256 tokens",
-           b'{"text_input": "hi", "temperature": 1}': "unknown field"}
+           b'{"text_input": "hi", "temperature": 1}': "unknown field",
+           b'{"text_input": "hi", "parameters": {"temperature": 0.7}}': "unknown parameter",
+           b'{"text_input": "hi", "max_tokens": 2, "parameters": {"max_tokens": 2}}': "given twice"}
     with _temper_serve(str(output)) as (port, _):
         client = Client(port)
         for body, says in bad.items():

@@ -59,4 +59,5 @@ def log_decoder(folder: Path, name: str = "model") -> ModelInfo:
     with tempfile.TemporaryDirectory() as staging:
         code = _stage_code(Path(staging))
         return mlflow.pyfunc.log_model(name=name, python_model=DecoderPyfunc(), artifacts={ARTIFACT: str(folder)},
-                                       code_paths=[str(code)], signature=SIGNATURE, pip_requirements=requirements)
+                                       code_paths=[str(code)], signature=SIGNATURE, pip_requirements=requirements,
+                                       input_example=pd.DataFrame({"text_input": ["Hello"], "max_tokens": [2]}))

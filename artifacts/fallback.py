@@ -10,7 +10,7 @@ windows: traffic has moved to the backup, or paused, and its queue drained); abo
 on (cause `queue_time`) and requests go to the backup, below RECOVER x TARGET it switches back (cause
 `recovered`).
 The switches, their cause and the requests each model served show in /metrics (temper_fallback_*) and each
-REST answer's parameters (`temper_served_by`, `temper_fallback_cause`).
+REST answer's parameters and each gRPC ModelInferResponse's (`temper_served_by`, `temper_fallback_cause`).
 """
 
 from __future__ import annotations

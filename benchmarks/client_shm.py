@@ -1,6 +1,6 @@
 """What a large input costs `temper serve` through client shared memory vs in the HTTP body (binary).
 
-    .venv/bin/python benchmarks/client_shm.py [--mib 1] [--requests 400] [--rounds 2]
+    .venv/bin/python -m benchmarks.client_shm [--mib 1] [--requests 400] [--rounds 2]
 
 A model that sums an FP32 input of --mib MiB ([1, N] -> [1, 1]) is served by `temper serve
 --allow-client-shm` on 127.0.0.1. One tritonclient.http client sends it --requests times, sequentially,
@@ -29,8 +29,8 @@ import tritonclient.http as http
 import tritonclient.utils.shared_memory as shm
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts import bundle
-from temper.artifacts.host import profile
+from temper.artifacts.core.host import profile
+from temper.artifacts.formats import bundle
 
 MODEL = "sum"
 

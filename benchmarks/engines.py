@@ -1,12 +1,12 @@
 """Head-to-head: FP32 / FP16 / INT8 (ONNX Runtime static and dynamic, NNCF) on ONNX Runtime and OpenVINO.
 
-    .venv/bin/python benchmarks/engines.py [--models digits,minilm,resnet18] [--out-base DIR]
+    .venv/bin/python -m benchmarks.engines [--models digits,minilm,resnet18] [--out-base DIR]
                                            [--duration SECONDS] [--samples N] [--session-search]
                                            [--session-search-s SECONDS]
 
 For each model a recipe is generated (written to OUT_BASE/<model>.yaml, paths absolute) with the same
 four candidates and `validate.throughput.providers: [cpu, openvino]`, plus `openvino-bf16` where the
-host profile (artifacts/host.py) reports avx512_bf16 or amx_bf16, and run with `temper run`, so
+host profile (artifacts/core/host.py) reports avx512_bf16 or amx_bf16, and run with `temper run`, so
 every figure is temper's own gated figure from report.json: fidelity (the lowest cosine over the
 outputs), the accuracy drop, and each (model, engine) pair's speedup with its confidence interval
 against the FP32 baseline on ONNX Runtime's CPU provider, measured in the same interleaved rounds.
@@ -41,15 +41,14 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.recipes import NO_REPORT, _temper, private_base
+from temper.artifacts.core.host import HostProfile, profile
+from temper.artifacts.engines.providers import BF16_FLAGS, PROVIDERS
+from temper.validators import report_model
+from temper.validators.report import speedup_text
+from temper.validators.report_model import Candidate, Report
 
-from benchmarks.recipes import NO_REPORT, _temper, private_base  # noqa: E402
-from temper.artifacts.engines.providers import BF16_FLAGS, PROVIDERS  # noqa: E402
-from temper.artifacts.host import HostProfile, profile  # noqa: E402
-from temper.validators import report_model  # noqa: E402
-from temper.validators.report import speedup_text  # noqa: E402
-from temper.validators.report_model import Candidate, Report  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RECIPES = ROOT / "recipes"
 BENCH = ROOT / "benchmarks"
@@ -125,7 +124,7 @@ def recipe_for(name: str, host: HostProfile | None = None) -> dict[str, Any]:
 
 def engines(host: HostProfile | None = None) -> list[str]:
     """ONNX Runtime CPU (the reference) and OpenVINO in f32; then every other OpenVINO precision whose ISA
-    features (artifacts/engines/providers.py `host_flags`) the host profile reports (artifacts/host.py, the probe
+    features (artifacts/engines/providers.py `host_flags`) the host profile reports (artifacts/core/host.py, the probe
     temper's own pre-flight uses): `openvino-bf16` where the CPU has avx512_bf16 or amx_bf16. Decided by
     the profile's flags, never by the CPU's name; on a host without them the list is the two engines."""
     host = host or profile()

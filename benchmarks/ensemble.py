@@ -1,6 +1,6 @@
 """An ensemble served by `temper serve` against a client that calls its two stages one after the other (issue 37.6).
 
-    .venv/bin/python benchmarks/ensemble.py [--duration S] [--rounds N] [--conns 1,8,32] [--instances N]
+    .venv/bin/python -m benchmarks.ensemble [--duration S] [--rounds N] [--conns 1,8,32] [--instances N]
 
 One `temper serve REPO` serves a repository of two stages, a normalisation model and a digits-like CNN (the
 models of tests/artifacts/ensembles.py, built here with onnx.helper), and the ensemble `temper export-ensemble`
@@ -29,15 +29,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.pyload import Run, Sample
+from benchmarks.serving_host import BIN, child_env, log, machine
+from benchmarks.serving_servers import free_port, start
+from temper.artifacts.formats import bundle
+from temper.artifacts.triton.config import export_repository
+from temper.artifacts.triton.ensemble import export_ensemble
 
-from benchmarks.pyload import Run, Sample  # noqa: E402
-from benchmarks.serving_host import BIN, child_env, log, machine  # noqa: E402
-from benchmarks.serving_servers import free_port, start  # noqa: E402
-from temper.artifacts import bundle  # noqa: E402
-from temper.artifacts.triton import export_repository  # noqa: E402
-from temper.artifacts.triton_ensemble import export_ensemble  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _save(path: Path, nodes: list, inputs: list, outputs: list, weights: list) -> Path:

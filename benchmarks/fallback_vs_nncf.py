@@ -1,6 +1,6 @@
 """temper's accuracy fallback against NNCF's accuracy control: MiniLM static INT8 held to one budget.
 
-    .venv/bin/python benchmarks/fallback_vs_nncf.py [--out-base DIR] [--max-iterations N]
+    .venv/bin/python -m benchmarks.fallback_vs_nncf [--out-base DIR] [--max-iterations N]
                                                     [--timeout SECONDS] [--duration SECONDS] [--rounds N]
 
 Both start from the same all-MiniLM-L6-v2 FP32 export, the same 500 calibration texts and the same
@@ -49,11 +49,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.engines import _from_shipped, host_line
+from benchmarks.recipes import NO_REPORT, _temper, private_base
 
-from benchmarks.engines import _from_shipped, host_line  # noqa: E402
-from benchmarks.recipes import NO_REPORT, _temper, private_base  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SHIPPED = ROOT / "recipes" / "minilm-static.yaml"
 CANDIDATE = "int8-static-fallback"
@@ -83,7 +82,7 @@ def qwac_child(recipe_file: Path, cache: Path, out: Path, iterations: int) -> in
     write out/qwac.onnx, out/intermediate_model.onnx and out/qwac.json."""
     import onnx
 
-    from temper.artifacts import onnx_io
+    from temper.artifacts.core import onnx_io
     from temper.pipeline.quantize_backends import nncf as quantize_nncf
     from temper.pipeline.quantize_backends import quantize_options
     from temper.pipeline.steps.quantize.quantize import calibration_feeds

@@ -8,7 +8,8 @@ import): `temper run` on a generated recipe with FP32 / FP16 / static INT8 and `
 (fidelity, samples/s and speedup intervals at batch 1, 32, 256, the selected pair and why); the PyTorch
 ceiling on the same device (FP32 and BF16 autocast) and the selected pair's ratio to it; `temper serve` of
 the selected model at 1, 32 and 64 clients over HTTP and gRPC against the pair's own batched figure, and
-its /metrics memory lines; memory of the server over requests of varying row counts. benchmarks/README.md
+its /metrics memory lines; memory of the server over requests of varying row counts; CUDA graphs off and on
+for the selected model at batch 1, 32 and 256 (gpu_check_graphs.py). benchmarks/README.md
 says how a session with a lent GPU runs it.
 
 Only stdlib at the top: with --wheels, temper's dependencies are installed (pip --target, from carried
@@ -84,7 +85,7 @@ def host() -> dict[str, Any]:
     import torch
 
     import temper.pipeline
-    from temper.artifacts.host import profile
+    from temper.artifacts.core.host import profile
 
     found: dict[str, Any] = {"profile": profile().model_dump(), "python": sys.version.split()[0],
                              "temper_from": str(Path(temper.pipeline.__file__).resolve().parent.parent)}
@@ -128,7 +129,16 @@ def check_model(name: str, args: argparse.Namespace, conf: dict[str, Any], env: 
                                                       conf["torch_warmup_s"], threads)
     result["ratio_to_torch"] = ratios(result["temper"]["selected_batches"], result["torch_ceiling"]["figures"])
     result["serve"] = serve(name, result["temper"], args, conf, device == "cuda")
+    result["cuda_graphs"] = graphs(result["serve"]["bundle"], args.provider, conf)
     return result
+
+
+def graphs(bundle: dict[str, Any], provider: str, conf: dict[str, Any]) -> dict[str, Any]:
+    """CUDA graphs off and on for the model the run selected, on the row it was gated on."""
+    from benchmarks import gpu_check_graphs
+
+    return gpu_check_graphs.compare(Path(bundle["model_folder"]) / "model.onnx", bundle["engine"] or provider,
+                                    bundle["session"], conf["temper_duration_s"], conf["torch_warmup_s"])
 
 
 def ratios(selected: dict[str, dict[str, Any]], figures: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -188,7 +198,6 @@ def main(argv: list[str] | None = None) -> int:
         env = install(args.wheels.resolve(), args.site.resolve())
         rest = [a for i, a in enumerate(argv) if a != "--wheels" and (i == 0 or argv[i - 1] != "--wheels")]
         return subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", *rest], env=env, cwd=ROOT).returncode
-    sys.path.insert(0, str(ROOT))
     from benchmarks.recipes import private_base
 
     args.out = args.out.resolve()

@@ -38,7 +38,7 @@ FLAT_RULE = ("flat: the last sample is at most 10% + 8 MiB above the first check
 def bundle(output: Path, dest: Path) -> tuple[Path, dict[str, Any]]:
     """What `temper serve OUTPUT` would serve (pipeline.outputs.servable: the selected model, its engine and gated
     session settings), written as a bundle with max_batch_size MAX_BATCH instead of the default 16."""
-    from temper.artifacts import bundle as bundles
+    from temper.artifacts.formats import bundle as bundles
     from temper.pipeline.outputs import servable
 
     folder, config = servable(output)

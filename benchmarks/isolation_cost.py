@@ -5,7 +5,7 @@ isolation's cost against inline (about 9 % fewer requests/s measured)").
 
 One bundle (the candidate's model, `--max-batch`, 10 ms delay, not batch-dependent so the batcher joins requests)
 is served by two `temper serve` processes at once: `--instances 0` (the session in the server's process) and
-`--instances 1` (one isolated worker, its tensors through shared memory: artifacts/workers.py). The same
+`--instances 1` (one isolated worker, its tensors through shared memory: artifacts/serving/workers.py). The same
 closed-loop Python client (benchmarks/pyload.py) drives each with Triton's binary body (one row; token inputs 8
 long) at each connection count; the servers alternate within each round, so drift on a shared host hits both.
 Per point: the median req/s and p50 over the rounds, and the ratio worker / in-process.
@@ -26,7 +26,7 @@ from benchmarks.batch_alone import body_for
 from benchmarks.pyload import Run, closed
 from benchmarks.serving_host import BIN, child_env, log, machine
 from benchmarks.serving_servers import free_port, start
-from temper.artifacts import bundle
+from temper.artifacts.formats import bundle
 
 MODES = {"in-process": "0", "worker": "1"}
 

@@ -1,6 +1,6 @@
 """How stable temper's speed verdicts are on the digits recipe, on an idle machine and under load.
 
-    .venv/bin/python benchmarks/noise.py [--runs N] [--json PATH] [--timeout SECONDS]
+    .venv/bin/python -m benchmarks.noise [--runs N] [--json PATH] [--timeout SECONDS]
 
 A speed gate decides on a confidence interval of the speedup, so noise should make it say
 "inconclusive", never turn a pass into a fail from one run to the next. This script checks that on
@@ -39,11 +39,10 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from temper.validators import report_model
+from temper.validators.report_model import Report
 
-from temper.validators import report_model  # noqa: E402
-from temper.validators.report_model import Report  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RECIPES = ROOT / "recipes"
 RECIPE_FILES = ("digits-cnn.yaml", "digits_model.py", "digits_data.py", "digits_cnn.pt")

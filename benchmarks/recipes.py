@@ -1,6 +1,6 @@
 """Benchmark the shipped recipes: run `temper run` on each and print its report.json as Markdown tables.
 
-    .venv/bin/python benchmarks/recipes.py [--out-base DIR] [--duration SECONDS] [RECIPE ...]
+    .venv/bin/python -m benchmarks.recipes [--out-base DIR] [--duration SECONDS] [RECIPE ...]
 
 Each recipe runs as a subprocess (`temper run RECIPE --output OUT_BASE/<name>`) with
 TEMPER_CACHE_DIR=OUT_BASE/cache, so a rerun with the same --out-base reuses every built model

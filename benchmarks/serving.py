@@ -1,13 +1,13 @@
 """Benchmark `temper serve` against `mlflow models serve`, a plain server and the raw ONNX Runtime ceiling.
 
-    .venv/bin/python benchmarks/serving.py [--out-base DIR] [--duration S] [--concurrency 1,8,32,64] ...
+    .venv/bin/python -m benchmarks.serving [--out-base DIR] [--duration S] [--concurrency 1,8,32,64] ...
 
 Two models: the digits CNN (built by `temper run recipes/digits-cnn.yaml`, its FP32 baseline) and a
 heavier seeded ResNet-ish CNN at 1x3x64x64 that takes a few ms per batch-1 inference here. Per model:
 
   (c)  in-process ONNX Runtime, no HTTP, at batch 1, 8, 16, 32: samples/s. Measured before and after
        the HTTP points; the higher of the two is the ceiling (the stricter denominator).
-  (a)  `temper serve --grpc-port` on a bundle (artifacts.bundle.config_for/write), the load generator
+  (a)  `temper serve --grpc-port` on a bundle (artifacts.formats.bundle.config_for/write), the load generator
        sending Triton's binary tensor extension; (a-json) the same server with a plain KServe v2 JSON
        body; (a-grpc) the same server's gRPC port, ModelInfer with raw_input_contents.
   (p)  a plain server: the same HTTP stack (uvicorn, httptools, uvloop, a bare ASGI app) running one
@@ -24,7 +24,7 @@ at batch = the bundle's max_batch_size. The average formed batch comes from the 
 (nv_inference_count / nv_inference_exec_count deltas over the point). Finally the temper server's
 VmRSS is read before and after --rss-requests requests at concurrency 32, twice.
 
-Markdown goes to stdout (the host first, as artifacts.host.profile().summary() gives it); progress
+Markdown goes to stdout (the host first, as artifacts.core.host.profile().summary() gives it); progress
 and server logs to stderr / files under the output base.
 
 This file is the command line; the parts live beside it, named for what they do: serving_host (the
@@ -46,15 +46,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.serving_host import log, machine, top_processes, wait_for_quiet
+from benchmarks.serving_load import grpc_load_main
+from benchmarks.serving_models import CEILING_BATCHES, build_digits, build_heavy
+from benchmarks.serving_report import header, summary, table, targets
+from benchmarks.serving_run import bench_model
+from benchmarks.serving_servers import plain_server_main
 
-from benchmarks.serving_host import log, machine, top_processes, wait_for_quiet  # noqa: E402
-from benchmarks.serving_load import grpc_load_main  # noqa: E402
-from benchmarks.serving_models import CEILING_BATCHES, build_digits, build_heavy  # noqa: E402
-from benchmarks.serving_report import header, summary, table, targets  # noqa: E402
-from benchmarks.serving_run import bench_model  # noqa: E402
-from benchmarks.serving_servers import plain_server_main  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 ROLES: dict[str, Callable[[list[str]], int]] = {"--plain-server": plain_server_main, "--grpc-load": grpc_load_main}
 
@@ -116,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     base.mkdir(parents=True, exist_ok=True)
     log(f"outputs: {base}")
     info = machine()
-    from temper.artifacts.host import profile
+    from temper.artifacts.core.host import profile
 
     host = profile().summary()
     log(f"host: {host}")

@@ -103,7 +103,7 @@ def _input_name(path: Path) -> str:
 
 
 def make_bundle(model: Model, dest: Path, max_batch: int, max_delay_ms: float) -> Path:
-    from temper.artifacts import bundle
+    from temper.artifacts.formats import bundle
 
     if dest.exists():
         shutil.rmtree(dest)

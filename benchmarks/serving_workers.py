@@ -1,6 +1,6 @@
 """What isolated inference workers (`temper serve --instances`) cost and how fast a crash is recovered.
 
-    .venv/bin/python benchmarks/serving_workers.py [--out-base DIR] [--duration S] [--instances 0,auto]
+    .venv/bin/python -m benchmarks.serving_workers [--out-base DIR] [--duration S] [--instances 0,auto]
 
 Two models: a tiny MLP (1x64 -> 64 -> 10, microseconds per run: where the hand-off to a worker shows
 most) and serving.py's heavy CNN (1x3x64x64, a few ms per batch-1 run). For each, `temper serve` runs
@@ -35,13 +35,12 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.serving_host import BIN, child_env, log, machine
+from benchmarks.serving_load import Point, metrics, temper_binary_body, wrk
+from benchmarks.serving_models import Model, build_heavy, ceiling, make_bundle, rounded_sample
+from benchmarks.serving_servers import Server, free_port, request, start
 
-from benchmarks.serving_host import BIN, child_env, log, machine  # noqa: E402
-from benchmarks.serving_load import Point, metrics, temper_binary_body, wrk  # noqa: E402
-from benchmarks.serving_models import Model, build_heavy, ceiling, make_bundle, rounded_sample  # noqa: E402
-from benchmarks.serving_servers import Server, free_port, request, start  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SAMPLE_S = 0.1
 WINDOW_S = 0.5
@@ -85,7 +84,7 @@ def cpu_s(process: psutil.Process) -> float:
 
 def workers_of(server: Server) -> list[psutil.Process]:
     return [p for p in psutil.Process(server.proc.pid).children(recursive=True)
-            if "temper.artifacts.worker" in " ".join(p.cmdline())]
+            if "temper.artifacts.serving.worker" in " ".join(p.cmdline())]
 
 
 def point(server: Server, model: Model, concurrency: int, duration: float, workdir: Path) -> tuple[Point, float, float]:

@@ -1,8 +1,8 @@
 """Soak `temper serve` with mixed-shape token traffic and watch whether the server's memory stays flat.
 
-    .venv/bin/python benchmarks/soak.py [--model MODEL.onnx] [--requests N] [--seconds S] [--clients C]
+    .venv/bin/python -m benchmarks.soak [--model MODEL.onnx] [--requests N] [--seconds S] [--clients C]
                                         [--instances N [--kill-worker-at S]]
-    .venv/bin/python benchmarks/soak.py --arena [--model MODEL.onnx] [--runs N]
+    .venv/bin/python -m benchmarks.soak --arena [--model MODEL.onnx] [--runs N]
 
 Serving soak (default): a bundle of the MiniLM int8-dynamic candidate (built by `temper run
 recipes/minilm.yaml` in a private cache with the recipe's publish section dropped, unless --model
@@ -15,7 +15,7 @@ a PNG. Exit status 1 when a request failed or the RSS moved more than --toleranc
 
 With --instances the RSS is the server's and its worker processes' together. --kill-worker-at S
 SIGKILLs one worker S seconds in, as a native crash would end it: the requests of the batch it held
-get 503 (artifacts/workers.py does not retry them) and count as lost to the kill, not as errors
+get 503 (artifacts/serving/workers.py does not retry them) and count as lost to the kill, not as errors
 (at most --clients of them, one per client in flight); every other reply must still be right. The
 soak then times the recovery (until /metrics reports every instance ready again) and checks that
 the RSS after the restart is still within --tolerance of the warm RSS before it.
@@ -38,132 +38,30 @@ import json
 import os
 import re
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-RECIPE = ROOT / "recipes" / "minilm.yaml"
-MiB = 1024 * 1024
-TEMPER = [sys.executable, "-c", "import sys; from temper.pipeline.cli import main; sys.argv[0] = 'temper'; main()"]
+from benchmarks.soak_arena import arena, arena_child
+from benchmarks.soak_setup import (
+    MiB,
+    build_minilm,
+    counters,
+    free_port,
+    log,
+    make_bundle,
+    request,
+    serving,
+)
 
-
-def log(*parts: object) -> None:
-    print(*parts, file=sys.stderr, flush=True)
-
-
-# -- model and bundle ------------------------------------------------------------------------
-
-
-def build_minilm(base: Path, candidate: str) -> Path:
-    """`temper run recipes/minilm.yaml` into base/minilm with a private step cache; the candidate's model.
-
-    The recipe runs as a copy without its publish section (beside the original: its paths are
-    relative), so the soak registers nothing anywhere. An existing output is reused."""
-    import yaml
-
-    model = base / "minilm" / candidate / "model.onnx"
-    if model.is_file():
-        return model
-    data = yaml.safe_load(RECIPE.read_text())
-    data.pop("publish", None)
-    copy = RECIPE.parent / f".soak-{RECIPE.stem}.yaml"
-    copy.write_text(f"# temporary copy of {RECIPE.name} written by benchmarks/soak.py; safe to delete\n"
-                    + yaml.safe_dump(data, sort_keys=False))
-    env = {**os.environ, "TEMPER_CACHE_DIR": str(base / "cache"),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{base / 'mlflow.db'}"}  # nothing lands in the caller's store
-    log(f"=== temper run {RECIPE} --output {base / 'minilm'} (minutes, once per --out-base)")
-    try:
-        rc = subprocess.run([*TEMPER, "run", str(copy), "--output", str(base / "minilm")], cwd=ROOT, env=env,
-                            stdout=sys.stderr, stderr=sys.stderr).returncode
-    finally:
-        copy.unlink(missing_ok=True)
-    if not model.is_file():
-        raise SystemExit(f"error: temper run exited {rc} without {model}")
-    return model
-
-
-def make_bundle(model: Path, dest: Path, name: str = "minilm", max_batch_size: int = 32) -> Path:
-    """A serving bundle padding the token inputs to the longest in each batch."""
-    from temper.artifacts import bundle
-
-    config = bundle.config_for(model, name, max_batch_size=max_batch_size, max_delay_ms=10, max_queue=256,
-                               pad={"input_ids": 0, "attention_mask": 0})
-    return bundle.write(dest, model, config)
-
-
-# -- server ------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def request(port: int, method: str, path: str, timeout: float = 10) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request(method, path)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
-
-
-@contextmanager
-def serving(bundle: Path, logfile: Path, ready_within_s: float = 300,
-            options: tuple[str, ...] = ()) -> Iterator[tuple[subprocess.Popen, int]]:
-    """`temper serve BUNDLE [OPTIONS]` on a free loopback port, in its own session; (process, port) once ready.
-    Stopped by its PID (SIGINT to its own process group, SIGKILL after 30 s)."""
-    port = free_port()
-    with open(logfile, "ab") as out:
-        proc = subprocess.Popen([*TEMPER, "serve", str(bundle), "--port", str(port), *options], cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + ready_within_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"temper serve exited {proc.returncode} while starting: "
-                                   f"{logfile.read_text()[-2000:]}")
-            try:
-                if request(port, "GET", "/v2/health/ready", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass  # not listening yet
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"temper serve not ready within {ready_within_s:.0f}s; see {logfile}")
-            time.sleep(0.2)
-        yield proc, port
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)  # start_new_session: the group is this server alone
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
-def counters(port: int) -> dict[str, float]:
-    """The server's Prometheus counters by name (one model: labels dropped)."""
-    status, body = request(port, "GET", "/metrics")
-    if status != 200:
-        return {}
-    found = re.findall(r"^(\w+)\{[^}]*\} (\S+)$", body.decode(), flags=re.MULTILINE)
-    return {name: float(value) for name, value in found}
+__all__ = ["MiB", "build_minilm", "counters", "free_port", "log", "make_bundle", "request", "serving"]
 
 
 # -- load and RSS ------------------------------------------------------------------------------
@@ -290,11 +188,11 @@ class RssSampler(threading.Thread):
 
 
 def workers(pid: int) -> list[psutil.Process]:
-    """The worker processes of the `temper serve` with this PID (artifacts/workers.py starts them)."""
+    """The worker processes of the `temper serve` with this PID (artifacts/serving/workers.py starts them)."""
     found = []
     for child in psutil.Process(pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if "temper.artifacts.worker" in " ".join(child.cmdline()):
+            if "temper.artifacts.serving.worker" in " ".join(child.cmdline()):
                 found.append(child)
     return found
 
@@ -420,117 +318,6 @@ def plot_rss(samples: list[tuple[float, int, int]], warm_t: float, warm: int, to
     twin.plot(minutes, [done for _, _, done in samples], color="orange", alpha=0.5, label="requests done")
     twin.set_ylabel("requests done")
     ax.legend(loc="lower right")
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-
-
-# -- the arena check -----------------------------------------------------------------------------
-
-# What each variant changes on top of the session artifacts/engines/threads.py opens for the runtime today.
-VARIANTS = {
-    "runtime": "as artifacts/engines/threads.py opens it (CPU arena, extend kNextPowerOfTwo, memory patterns on)",
-    "no-mem-pattern": "SessionOptions.enable_mem_pattern = False",
-    "shrink": "RunOptions memory.enable_memory_arena_shrinkage = cpu:0 on every run",
-    "same-as-requested": "a shared CPU arena with arena_extend_strategy kSameAsRequested (session.use_env_allocators)",
-    "same+no-pattern": "kSameAsRequested shared arena and enable_mem_pattern = False",
-    "no-arena": "SessionOptions.enable_cpu_mem_arena = False (plain malloc)",
-}
-
-
-def variant_session(model: Path, variant: str) -> tuple[ort.InferenceSession, ort.RunOptions | None]:
-    """A session like engines.open_session's (all usable cores, intra-op threads that sleep) with `variant`'s change."""
-    from temper.artifacts.host import usable_cores
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = usable_cores()
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    run_options = None
-    if variant in ("no-mem-pattern", "same+no-pattern"):
-        options.enable_mem_pattern = False
-    if variant == "no-arena":
-        options.enable_cpu_mem_arena = False
-    if variant == "shrink":
-        run_options = ort.RunOptions()
-        run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-    if variant in ("same-as-requested", "same+no-pattern"):
-        cpu = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-        ort.create_and_register_allocator(cpu, ort.OrtArenaCfg({"arena_extend_strategy": 1}))  # 1 = kSameAsRequested
-        options.add_session_config_entry("session.use_env_allocators", "1")
-    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"]), run_options
-
-
-def arena_child(model: Path, variants: list[str], runs: int, seed: int) -> None:
-    """Run `runs` random shapes on each variant's session, variants interleaved per shape (rotating
-    who goes first) so that load from other processes hits them alike; print one JSON line of
-    milliseconds per run by variant and of RSS after each shape (one variant: that session's)."""
-    sessions = {variant: variant_session(model, variant) for variant in variants}
-    names = [i.name for i in next(iter(sessions.values()))[0].get_inputs()]
-    rng = np.random.default_rng(seed)  # the same shapes in every child
-    me = psutil.Process()
-    rss: list[int] = []
-    ms: dict[str, list[float]] = {variant: [] for variant in variants}
-    for turn in range(runs):
-        rows, length = int(rng.integers(1, 33)), int(rng.integers(8, 129))
-        feed = {name: (np.ones((rows, length), np.int64) if "mask" in name
-                       else rng.integers(1000, 30000, (rows, length), dtype=np.int64)) for name in names}
-        for variant in variants[turn % len(variants):] + variants[: turn % len(variants)]:
-            session, run_options = sessions[variant]
-            began = time.perf_counter()
-            session.run(None, feed, run_options)
-            ms[variant].append((time.perf_counter() - began) * 1000)
-        rss.append(me.memory_info().rss)
-    print(json.dumps({"rss": rss, "ms": ms}))
-
-
-def arena(args: argparse.Namespace, base: Path) -> int:
-    """RSS per variant, each alone in a fresh process; then their speed, interleaved in one process."""
-    model = args.model or build_minilm(base, args.candidate)
-
-    def child(variants: list[str], runs: int) -> dict:
-        found = subprocess.run([sys.executable, __file__, "--arena-child", ",".join(variants), "--model", str(model),
-                                "--runs", str(runs), "--seed", str(args.seed)],
-                               capture_output=True, text=True, timeout=args.seconds)
-        if found.returncode:
-            log(found.stderr[-2000:])
-            raise SystemExit(f"error: {variants} exited {found.returncode}")
-        return json.loads(found.stdout.strip().splitlines()[-1])
-
-    rss = {}
-    for variant in VARIANTS:
-        log(f"=== {variant}: RSS over {args.runs} runs of random shapes (rows 1-32, seq 8-128)")
-        rss[variant] = child([variant], args.runs)["rss"]
-    log(f"=== speed: {args.timing_runs} shapes, every variant on each, interleaved")
-    ms = child(list(VARIANTS), args.timing_runs)["ms"]
-    print("| variant | RSS after warm-up (MiB) | RSS at the end | change | peak | ms/run (median) | vs runtime "
-          "| what |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
-    warm_at = int(args.runs * args.warmup_fraction)
-    for variant, samples in rss.items():
-        warm, end, median = samples[warm_at], samples[-1], float(np.median(ms[variant]))
-        ratio = float(np.median(np.array(ms[variant]) / np.array(ms["runtime"])))
-        print(f"| {variant} | {warm / MiB:,.0f} | {end / MiB:,.0f} | {end / warm - 1:+.1%} | {max(samples) / MiB:,.0f} "
-              f"| {median:.1f} | {ratio:.2f}x | {VARIANTS[variant]} |")
-    print(f"\nms/run: median over {args.timing_runs} shapes; vs runtime: median of the per-shape time ratios")
-    plot_arena(rss, warm_at, args.png)
-    print(f"plot: {args.png}")
-    return 0
-
-
-def plot_arena(rss: dict[str, list[int]], warm_at: int, png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for variant, samples in rss.items():
-        ax.plot([value / MiB for value in samples], label=variant)
-    ax.axvline(warm_at, color="grey", linestyle="--", label="end of warm-up")
-    ax.set(xlabel="run", ylabel="RSS (MiB)", title="ONNX Runtime session RSS over random shapes, by memory option")
-    ax.set_ylim(bottom=0)
-    ax.legend()
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)

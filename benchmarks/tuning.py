@@ -1,6 +1,6 @@
 """temper's chosen INT8 configuration vs ONNX Runtime's defaults, side by side.
 
-    .venv/bin/python benchmarks/tuning.py [--duration SECONDS] [--cache-dir DIR] [RECIPE ...]
+    .venv/bin/python -m benchmarks.tuning [--duration SECONDS] [--cache-dir DIR] [RECIPE ...]
 
 For each recipe (default: recipes/digits-search.yaml and recipes/minilm-static.yaml) temper builds
 and validates its candidates (configuration search, presets, accuracy fallback) and selects one.
@@ -26,19 +26,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from onnxruntime.quantization import CalibrationDataReader, quantize_dynamic, quantize_static
+
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import TemperError
+from temper.pipeline import gating
+from temper.pipeline.cache import StepCache, default_root
+from temper.pipeline.loading import load_recipe
+from temper.pipeline.runner import Runner
+from temper.pipeline.steps.quantize import calibration_feeds
+from temper.validators.report_model import Report
+from temper.validators.validation import build_report, validate
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from onnxruntime.quantization import CalibrationDataReader, quantize_dynamic, quantize_static  # noqa: E402
-
-from temper.artifacts.errors import TemperError  # noqa: E402
-from temper.pipeline import gating, onnx_io  # noqa: E402
-from temper.pipeline.cache import StepCache, default_root  # noqa: E402
-from temper.pipeline.loading import load_recipe  # noqa: E402
-from temper.pipeline.runner import Runner  # noqa: E402
-from temper.pipeline.steps.quantize import calibration_feeds  # noqa: E402
-from temper.validators.report_model import Report  # noqa: E402
-from temper.validators.validation import build_report, validate  # noqa: E402
 
 DEFAULT = [ROOT / "recipes" / "digits-search.yaml", ROOT / "recipes" / "minilm-static.yaml"]
 SIZES = [1, 8, 32]

@@ -56,9 +56,9 @@ def _feed(batch: int, seq: int, rng: np.random.Generator) -> dict[str, np.ndarra
 
 def measure(model: str, setting: str, scenario: str, shapes: int, max_batch: int, max_seq: int) -> dict:
     """In a fresh process: open the worker-like session, run the scenario, report RSS and time per run."""
+    from temper.artifacts.core.host import usable_cores
     from temper.artifacts.engines.onnxruntime import SessionSettings, open_session
     from temper.artifacts.engines.providers import CPU
-    from temper.artifacts.host import usable_cores
 
     settings = SessionSettings(intra_op_threads=usable_cores())  # the serving default: every usable core
     options = settings.options()

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from temper.artifacts.callables import call_user, load_callable
-from temper.artifacts.errors import RecipeError, first_line
+from temper.artifacts.core.callables import call_user, load_callable
+from temper.artifacts.core.errors import RecipeError, first_line
 from temper.calibration.spec import DataSource
 
 TABLE_FORMATS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}

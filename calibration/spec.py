@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, PositiveInt, model_validator
 
-from temper.artifacts.strict import CallableRef, Strict
+from temper.artifacts.core.strict import CallableRef, Strict
 
 
 class DataSource(Strict):

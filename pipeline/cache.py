@@ -19,14 +19,14 @@ import numpy as np
 import platformdirs
 from filelock import FileLock
 
-from temper.artifacts import distributions
+from temper.artifacts.core import distributions
 from temper.pipeline.quantize_backends import BACKENDS
 
 MODEL_FILE = "model.onnx"
 TUNING_FILE = "tuning.json"  # written beside a model by the quantize fallback: its trials and ranking
 META_FILE = "meta.json"
 
-# Part of every step's key: the `build` rows of artifacts/distributions.py and every quantize backend's libraries
+# Part of every step's key: the `build` rows of artifacts/core/distributions.py and every quantize backend's libraries
 # (its registry entry names them), so a new backend, or an upgraded one, cannot serve a stale INT8 model; an
 # optional backend's library is "absent" where it is not installed.
 LIBRARIES = tuple(dict.fromkeys((*distributions.of_role("build"),

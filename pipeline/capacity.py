@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from temper.artifacts.bundle import ServingConfig
-from temper.artifacts.capacity import Capacity, Choice, Point
-from temper.artifacts.errors import TemperError
-from temper.artifacts.host import profile
+from temper.artifacts.core.errors import TemperError
+from temper.artifacts.core.host import profile
+from temper.artifacts.formats.bundle import ServingConfig
+from temper.artifacts.formats.capacity import Capacity, Choice, Point
 from temper.pipeline.capacity_load import Load, offer, served
 
 ROUND_FACTOR = 1.25

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from temper.artifacts.bundle import CONFIG, MODEL, ServingConfig
-from temper.artifacts.capacity import Choice, Point
-from temper.artifacts.errors import EnvironmentProblem
-from temper.artifacts.integrity import MANIFEST, REPORT
+from temper.artifacts.core.errors import EnvironmentProblem
+from temper.artifacts.formats.bundle import CONFIG, MODEL, ServingConfig
+from temper.artifacts.formats.capacity import Choice, Point
+from temper.artifacts.formats.integrity import MANIFEST, REPORT
 
 READY_S = 300  # loading and warming up every batch size of a large model on a busy host
 LATE_PCT = 5.0  # perf_analyzer sent more than 5% of the requests late: it did not offer the rate

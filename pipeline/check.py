@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from temper.artifacts import onnx_io
-from temper.artifacts.callables import load_callable
-from temper.artifacts.errors import OptionError, RecipeError
-from temper.pipeline.gating import preflight
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.callables import load_callable
+from temper.artifacts.core.errors import OptionError, RecipeError
+from temper.pipeline.preflight import preflight
 from temper.pipeline.quantize_backends import BACKENDS, QuantizeCommon
 from temper.pipeline.recipe import StepSpec
 from temper.pipeline.runner import Runner

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from temper.artifacts.errors import EnvironmentProblem, RecipeError, unwritable
+from temper.artifacts.core.errors import EnvironmentProblem, RecipeError, unwritable
 from temper.pipeline.cache import StepCache
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.runner import Observer, Runner, RunResult
 
 if TYPE_CHECKING:
-    from temper.artifacts.registry import Published
+    from temper.artifacts.registry.store import Published
     from temper.validators.report_model import NotBuilt, Report
 
 
@@ -64,8 +64,9 @@ def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[s
     `notify` each of `temper check`'s notices (pipeline/check.py) before any candidate is built.
     """
     from temper.pipeline.check import notices
-    from temper.pipeline.gating import from_run, preflight
+    from temper.pipeline.gating import from_run
     from temper.pipeline.outputs import OutputFolder
+    from temper.pipeline.preflight import preflight
     from temper.validators import report
     from temper.validators.validation import build_report, validate
 
@@ -79,7 +80,8 @@ def run(loaded: LoadedRecipe, output: Path, cache: StepCache, *, require: list[s
             result = runner.run()
             verdict = None
             if loaded.recipe.validation is not None:
-                verdict = build_report(validate(from_run(runner, result), runner.observer.note, runner.observer.logged))
+                gated = from_run(runner, result, preflown=True)
+                verdict = build_report(validate(gated, runner.observer.note, runner.observer.logged))
                 verdict = verdict.model_copy(update={"not_built": not_built(result)})
         target = folder.commit(loaded, result, (lambda d: report.write(verdict, d)) if verdict else None)
     finally:
@@ -160,9 +162,9 @@ def revalidate_published(loaded: LoadedRecipe, uri: str, folder: Path, cache: St
     file against the manifest, then gates them again with the gates recorded in the manifest (the recipe's
     validate and select sections must equal them), on the evaluation data `loaded` names. The served candidate
     is required: it must still pass (exit 1 otherwise)."""
-    from temper.artifacts import versions
-    from temper.artifacts.integrity import Mismatch, candidate_name, read_manifest, recorded
-    from temper.artifacts.registry import CannotWrite, FolderInUse, NoSuchModel, StoreUnreachable, fetch_output
+    from temper.artifacts.core import versions
+    from temper.artifacts.formats.integrity import Mismatch, candidate_name, read_manifest, recorded
+    from temper.artifacts.registry.store import CannotWrite, FolderInUse, NoSuchModel, StoreUnreachable, fetch_output
     from temper.pipeline.outputs import same_build
 
     try:

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from temper.artifacts import onnx_io
-from temper.artifacts.errors import OptionError, RecipeError, first_line
-from temper.artifacts.layout import Layout
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import OptionError, RecipeError, first_line
+from temper.artifacts.core.layout import Layout
 from temper.pipeline.recipe import InputSpec, ModelSpec
 
 

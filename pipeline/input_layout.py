@@ -1,4 +1,4 @@
-"""The recipe's model inputs as a Layout (artifacts/layout.py): the one place a recipe's `batch_axis`
+"""The recipe's model inputs as a Layout (artifacts/core/layout.py): the one place a recipe's `batch_axis`
 and `value` become the batch axes and constants every batch temper forms is laid out by."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from temper.artifacts.layout import Layout, default_axes
+from temper.artifacts.core.layout import Layout, default_axes
 from temper.pipeline.recipe import InputSpec
 
 

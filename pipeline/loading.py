@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from temper.artifacts.errors import RecipeError, close_names
+from temper.artifacts.core.errors import RecipeError, close_names
 from temper.pipeline import presets
 from temper.pipeline.quantize_backends import BACKENDS
 from temper.pipeline.recipe import Recipe
@@ -49,6 +49,8 @@ def load_recipe(path: Path) -> LoadedRecipe:
         raise RecipeError(file, where, f"YAML syntax error: {exc.problem}") from None
     if not isinstance(data, dict):
         raise RecipeError(file, "", "a recipe is a YAML mapping with keys version, name, model, candidates, ...")
+    if data.get("kind") == "decoder":  # pipeline/decoders/: `temper run` dispatches before this loader
+        raise RecipeError(file, "kind", "a decoder recipe: only `temper run` takes it so far (docs/decoders.md)")
     try:
         data, searches = expand(data, file)
     except RefusedAlternative as refused:

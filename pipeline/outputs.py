@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from onnx.external_data_helper import _get_all_tensors
 
-from temper.artifacts.errors import RecipeError, first_line, unwritable
-from temper.artifacts.folders import (
+from temper.artifacts.core.errors import RecipeError, first_line, unwritable
+from temper.artifacts.core.folders import (
     MARKER,
     claim,
     copy_into,
@@ -24,9 +24,9 @@ from temper.artifacts.folders import (
     swap_in,
     sweep,
 )
-from temper.artifacts.host import profile
-from temper.artifacts.layout import Layout
-from temper.artifacts.onnx_io import load_structure
+from temper.artifacts.core.host import profile
+from temper.artifacts.core.layout import Layout
+from temper.artifacts.core.onnx_io import load_structure
 from temper.pipeline.cache import MODEL_FILE, TUNING_FILE, key_of, library_versions
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.recipe import Recipe
@@ -34,7 +34,7 @@ from temper.pipeline.runner import ModelRecord, RunResult
 from temper.validators import report
 
 if TYPE_CHECKING:
-    from temper.artifacts.bundle import ServingConfig
+    from temper.artifacts.formats.bundle import ServingConfig
 
 MANIFEST = "manifest.json"
 
@@ -200,13 +200,13 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
     """The model folder `temper serve PATH` serves, and its config when it is not a published bundle.
 
     PATH is a serving bundle (its runtime.json is the config: returns None; the caller checks it with
-    artifacts.integrity.check_bundle), a run's output folder (its selected model) or OUTPUT/CANDIDATE; an
+    artifacts.formats.integrity.check_bundle), a run's output folder (its selected model) or OUTPUT/CANDIDATE; an
     unpublished model gets the options publishing would give it. The name served must be the baseline or a
     candidate the manifest records as built, and its file the one the manifest records (Mismatch).
     Raises ValueError saying what PATH is not.
     """
-    from temper.artifacts.bundle import CONFIG, config_for
-    from temper.artifacts.integrity import Mismatch, candidate_name, check_model, read_manifest
+    from temper.artifacts.formats.bundle import CONFIG, config_for
+    from temper.artifacts.formats.integrity import Mismatch, candidate_name, check_model, read_manifest
     from temper.validators import report_model
 
     path = path.resolve()  # `OUT/fast/..` is OUT, and a link is its target: what is checked is what serves
@@ -251,7 +251,7 @@ def servable(path: Path) -> tuple[Path, ServingConfig | None]:
 
 
 def backup_of(output: Path, served: str | None = None) -> str | None:
-    """The burst fallback's backup in a run's output folder (artifacts/fallback.py): among the pairs that passed
+    """The burst fallback's backup in a run's output folder (artifacts/serving/fallback.py): among the pairs that passed
     every gate on the selected engine, other than the model served (`served`; default the selected one), the
     fastest (samples/s at the largest batch size measured); None when none did, or nothing was measured."""
     from temper.validators import report_model

@@ -13,7 +13,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from temper.artifacts.host import HostProfile, profile
+from temper.artifacts.core.host import HostProfile, profile
 
 # option -> value, for both modes unless listed in STATIC_ONLY
 PRESETS: dict[str, dict[str, Any]] = {

@@ -8,12 +8,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from temper.artifacts import bundle, versions
-from temper.artifacts.errors import EnvironmentProblem, first_line
-from temper.artifacts.fallback import BACKUP
-from temper.artifacts.host import HostProfile
-from temper.artifacts.integrity import sha256_of
-from temper.artifacts.registry import Published, StoreUnreachable, open_store, record_run, register
+from temper.artifacts.core import versions
+from temper.artifacts.core.errors import EnvironmentProblem, first_line
+from temper.artifacts.core.host import HostProfile
+from temper.artifacts.formats import bundle
+from temper.artifacts.formats.integrity import sha256_of
+from temper.artifacts.registry.store import Published, StoreUnreachable, open_store, record_run, register
+from temper.artifacts.serving.fallback import BACKUP
 from temper.pipeline.cache import MODEL_FILE
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.outputs import MANIFEST, backup_of, servable, serving_layout
@@ -96,7 +97,7 @@ def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str
 
 
 def _pack_backup(folder: Path, packed: Path) -> str | None:
-    """Write the burst fallback's backup model (artifacts/fallback.py) into the bundle's backup/ folder: the
+    """Write the burst fallback's backup model (artifacts/serving/fallback.py) into the bundle's backup/ folder: the
     fastest other pair that passed every gate on the selected engine (pipeline/outputs.py backup_of), with the
     serving options publishing gives the selected one, so `temper serve models:/NAME@ALIAS --burst-fallback-ms`
     has it. None (and no folder) when no other pair passed; servable() checks its file against the manifest."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 import io
 
-from temper.artifacts import onnx_io
-from temper.artifacts.errors import RecipeError
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import RecipeError
 from temper.pipeline.cache import RangeStore
 from temper.pipeline.quantize_backends import OrtOptions, quantize_static
 from temper.pipeline.runner import Runner

@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, Field, NonNegativeInt, PositiveInt, StringConstraints, model_validator
 
-from temper.artifacts.layout import default_axes
-from temper.artifacts.strict import CallableRef, Identifier, Strict
+from temper.artifacts.core.layout import default_axes
+from temper.artifacts.core.strict import CallableRef, Identifier, Strict
 from temper.calibration.spec import DataSource
 from temper.pipeline import presets
 from temper.pipeline.quantize_backends import QuantizeOptions

@@ -16,13 +16,20 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import onnx
 
-from temper.artifacts import onnx_io
-from temper.artifacts.callables import call_user, load_callable, split_ref
-from temper.artifacts.errors import OptionError, RecipeError, StepFailed, TemperError, first_line, reraise_interrupt
-from temper.artifacts.folders import claim, discard, sweep
-from temper.artifacts.integrity import sha256_of
-from temper.artifacts.layout import Layout
-from temper.artifacts.onnx_io import fingerprint
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.callables import call_user, load_callable, split_ref
+from temper.artifacts.core.errors import (
+    OptionError,
+    RecipeError,
+    StepFailed,
+    TemperError,
+    first_line,
+    reraise_interrupt,
+)
+from temper.artifacts.core.folders import claim, discard, sweep
+from temper.artifacts.core.layout import Layout
+from temper.artifacts.core.onnx_io import fingerprint
+from temper.artifacts.formats.integrity import sha256_of
 from temper.calibration.sources import Dataset, load
 from temper.calibration.spec import DataSource
 from temper.pipeline.cache import MODEL_FILE, OutputStore, RangeStore, StepCache, cache_versions, key_of
@@ -32,7 +39,7 @@ from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.recipe import StepSpec
 
 if TYPE_CHECKING:  # the steps import onnxsim, ORT's quantizers and (via onnxruntime.tools) torch: not at start-up
-    from temper.artifacts.onnx_io import Batch
+    from temper.artifacts.core.onnx_io import Batch
     from temper.pipeline.steps.base import StepContext
     from temper.validators.scoring import GateScorer
 

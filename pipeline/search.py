@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from temper.artifacts.errors import RecipeError
+from temper.artifacts.core.errors import RecipeError
 from temper.pipeline.recipe import StepSpec
 from temper.pipeline.steps import STEPS, searchable
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from temper.artifacts import onnx_io
-from temper.artifacts.errors import RecipeError
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import RecipeError
 from temper.pipeline.runner import Runner
 from temper.validators.fidelity import Shape, row_scales, slice_problem
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
-from temper.artifacts.strict import Strict
+from temper.artifacts.core.strict import Strict
 
 
 class SimplifyOptions(Strict):

@@ -6,22 +6,12 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPES = REPO / "recipes"
-
-
-@dataclass
-class CliResult:
-    code: int
-    stdout: str
-    stderr: str
+from tests.helpers import RECIPES, CliResult, edit_recipe
 
 
 @pytest.fixture(autouse=True)
@@ -80,13 +70,6 @@ def digits_dir(tmp_path: Path) -> Path:
     return folder
 
 
-def edit_recipe(recipe: Path, change: Callable[[dict[str, Any]], Any]) -> None:
-    """Apply `change` to the recipe's YAML mapping in place."""
-    data = yaml.safe_load(recipe.read_text())
-    change(data)
-    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
-
-
 @pytest.fixture(scope="module")
 def module_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A step cache the tests of one module share on purpose: they build on each other's models."""
@@ -134,7 +117,7 @@ class _TreeMemory:
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto` (pyproject's addopts): two workers, or one on a single usable core. More would not fit the
     suite's memory target (under 4 GiB: a worker running a digits build holds about 1.5 GiB)."""
-    from temper.artifacts.host import usable_cores
+    from temper.artifacts.core.host import usable_cores
 
     return min(2, usable_cores())
 

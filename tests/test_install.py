@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 TEMPER = Path(sys.executable).with_name("temper")
 FOLDERS = ("pipeline", "calibration", "validators", "artifacts")
@@ -86,6 +86,7 @@ def test_the_wheel_holds_nothing_outside_temper(wheels: dict[str, Path]) -> None
     tops = {name.split("/")[0] for name in names}
     assert {top for top in tops if not top.endswith(".dist-info")} == {"temper"}
     assert "temper/validators/report.schema.json" in names
+    assert "temper/validators/decoder_report.schema.json" in names and "temper/pipeline/decoders/flow.py" in names
     assert not [n for n in names if n.startswith("temper/") and n.count("/") == 1]  # temper/ is a namespace
 
 

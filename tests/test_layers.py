@@ -8,8 +8,10 @@ one fails here, not in a review. The top-level folders are the layers, bottom fi
     pipeline/     recipe, steps, search, runner, flow, outputs, publishing, the CLI
 
 A folder imports only itself and the folders below it, so no two folders import each other.
+artifacts/ is itself floors (ARTIFACT_FLOORS, bottom first): each sub-package imports only itself and the
+ones below, and no module sits beside them, so a newcomer finds the server under serving/.
 Inside pipeline/, the recipe contracts (recipe, step_options, presets, quantize_backends/) import nothing
-else of pipeline/. Plus: no import cycle between modules, and no module over MAX_LINES outside benchmarks/.
+else of pipeline/. Plus: no import cycle between modules, and no module over MAX_LINES, benchmarks/ included.
 Imports inside functions count (a cycle hidden in a function is still a cycle); those under
 `if TYPE_CHECKING:` do not, since they never run.
 """
@@ -17,6 +19,7 @@ Imports inside functions count (a cycle hidden in a function is still a cycle); 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("artifacts", "pipeline", "calibration", "validators")
 LAYERS = ("artifacts", "calibration", "validators", "pipeline")  # bottom first
 MAX_LINES = 400
+ARTIFACT_FLOORS = ("core", "engines", "formats", "triton", "serving", "registry")  # bottom first
 
 
 def _module_name(path: Path) -> str:
@@ -105,6 +109,25 @@ def test_no_two_folders_import_each_other():
     assert {(a, b) for a, b in edges if (b, a) in edges} == set()
 
 
+def _floor(module: str) -> str | None:
+    """artifacts' sub-package of a module: temper.artifacts.serving.server -> serving; None elsewhere."""
+    parts = module.split(".")
+    return parts[2] if parts[1] == "artifacts" and len(parts) > 2 else None
+
+
+def test_artifacts_is_sub_packages_only():
+    assert sorted(p.name for p in (REPO / "artifacts").glob("*.py")) == ["__init__.py"]
+    assert {p.name for p in (REPO / "artifacts").iterdir() if p.is_dir() and p.name != "__pycache__"} == set(
+        ARTIFACT_FLOORS)
+
+
+def test_each_artifacts_floor_imports_only_itself_and_the_floors_below():
+    rank = {floor: i for i, floor in enumerate(ARTIFACT_FLOORS)}
+    found = {m: sorted(t for t in GRAPH[m] if (floor := _floor(t)) and rank[floor] > rank[_floor(m) or "core"])
+             for m in sorted(MODULES) if _floor(m)}
+    assert {m: names for m, names in found.items() if names} == {}
+
+
 def test_recipe_contracts_import_nothing_else_of_pipeline():
     """recipe, step_options and presets are read by the loader, the steps and the CLI alike."""
     assert CONTRACTS <= set(MODULES)
@@ -140,23 +163,53 @@ def test_no_import_cycles():
     assert cycles == []
 
 
-@pytest.mark.parametrize("top", ["artifacts", "pipeline", "calibration", "validators", "tests"])
+@pytest.mark.parametrize("top", ["artifacts", "pipeline", "calibration", "validators", "tests", "benchmarks"])
 def test_modules_stay_small(top: str):
-    """A module past MAX_LINES does several things; split it by what it does (benchmarks/ are scripts, exempt)."""
+    """A module past MAX_LINES does several things; split it by what it does."""
     sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in sorted((REPO / top).rglob("*.py"))}
     assert {path: lines for path, lines in sizes.items() if lines > MAX_LINES} == {}
 
 
+CLI_MAX_LINES = 50
+
+
+def test_the_cli_only_parses_and_prints():
+    """No function in pipeline/cli/ over CLI_MAX_LINES: a command parses its flags and hands over to a module
+    that does the work (servers.py, exporting.py, benching.py, ...), so what it does can be read and tested."""
+    long = {}
+    for path in sorted((REPO / "pipeline" / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > CLI_MAX_LINES:
+                    long[f"{path.name}:{node.name}"] = lines
+    assert long == {}
+
+
+def test_tests_import_helpers_not_conftest():
+    """Shared test code is tests/helpers.py; a conftest holds fixtures and hooks, which pytest finds itself."""
+    found = [str(p.relative_to(REPO)) for p in sorted((REPO / "tests").rglob("*.py"))
+             if re.search(r"^\s*from tests(\.\w+)*\.conftest import", p.read_text(), re.M)]
+    assert found == []
+
+
+def test_benchmarks_run_as_modules():
+    """`python -m benchmarks.NAME` from the repository's root: no benchmark edits sys.path to find temper or
+    its neighbours (the editable install and the package do that)."""
+    assert (REPO / "benchmarks" / "__init__.py").is_file()
+    assert [p.name for p in sorted((REPO / "benchmarks").glob("*.py")) if "sys.path.insert" in p.read_text()] == []
+
+
 def test_the_mlflow_model_declares_every_package_its_code_imports():
     """A published model is artifacts/ code run where only its pinned requirements are installed:
-    each third-party package the modules pyfunc loads import must be in artifacts.pyfunc.REQUIREMENTS."""
+    each third-party package the modules pyfunc loads import must be in artifacts.registry.pyfunc.REQUIREMENTS."""
     import subprocess
     import sys
 
     # the declared list comes from the same process: pytest itself then never pays mlflow's import (9 s)
-    code = ("import sys, warnings; warnings.simplefilter('ignore'); import temper.artifacts.pyfunc; "
+    code = ("import sys, warnings; warnings.simplefilter('ignore'); import temper.artifacts.registry.pyfunc; "
             "print(' '.join(m for m in sys.modules if m.startswith('temper.artifacts'))); "
-            "print(' '.join(temper.artifacts.pyfunc.REQUIREMENTS)); "
+            "print(' '.join(temper.artifacts.registry.pyfunc.REQUIREMENTS)); "
             "from temper.artifacts.engines import ENGINES; "
             "print(' '.join(p for engine in ENGINES.values() for p in engine.packages))")
     lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,

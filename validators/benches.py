@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from temper.artifacts import engines as runtimes
-from temper.artifacts.engines.providers import PROVIDERS, Provider
-from temper.artifacts.host import HostProfile
-from temper.artifacts.layout import Layout
+from temper.artifacts.core.host import HostProfile
+from temper.artifacts.core.layout import Layout
+from temper.artifacts.engines.providers import PROVIDERS
 from temper.validators.pairs import Pair
 from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
 from temper.validators.session_search import Plan, Records, sessions_for
@@ -40,29 +40,29 @@ def one_thread_count(pairs: dict[str, tuple[Pair, Path]], reference: str, sample
     """The thread count every pair is timed on, and the reference pair's session on it: tuned_session's choice
     for the reference pair, made as serving makes it at start."""
     pair, path = pairs[reference]
-    session = tuned_session(path, pair.engine, sample, layout)
-    return runtimes.of(pair.engine).settings_of(session).threads, session
+    session = tuned_session(path, pair.provider, sample, layout)
+    return runtimes.of(pair.provider).settings_of(session).threads, session
 
 
 def sessions(spec: ThroughputSpec, pairs: dict[str, tuple[Pair, Path]], sample: dict[str, np.ndarray],
              layout: Layout, host: HostProfile, records: Records | None, progress: Progress, reference: str = "",
              ) -> tuple[dict[str, Session], dict[str, list[dict[str, Any]]]]:
     """Each pair's session (the module's rule), and the session searches' records by model."""
-    engines = list(dict.fromkeys(pair.engine for pair, _ in pairs.values()))
+    engines = list(dict.fromkeys(pair.provider for pair, _ in pairs.values()))
     if not spec.session_search and reference in pairs:
         count, first = one_thread_count(pairs, reference, sample, layout)
         progress(f"throughput › sessions on {count} thread{'s' if count > 1 else ''} for every pair")
         shared: dict[str, Session] = {reference: first}
         for key, (pair, path) in pairs.items():
             if key != reference:
-                default = engine_defaults(pair.engine)
-                gpu = PROVIDERS[cast(Provider, pair.engine)].gpu
-                shared[key] = session_for(path, pair.engine, default if gpu else default.with_threads(count))
+                default = engine_defaults(pair.provider)
+                gpu = PROVIDERS[pair.provider].gpu
+                shared[key] = session_for(path, pair.provider, default if gpu else default.with_threads(count))
         return shared, {}
     opened: dict[str, Session] = {}
     searches: dict[str, list[dict[str, Any]]] = {}
     for engine in engines:
-        mine = {key: (pair.model, path) for key, (pair, path) in pairs.items() if pair.engine == engine}
+        mine = {key: (pair.model, path) for key, (pair, path) in pairs.items() if pair.provider == engine}
         progress(f"throughput › {engine}: sessions for {', '.join(mine)}")
         plan = Plan(engine, spec.batch_sizes, spec.confidence, spec.session_search_s, spec.warmup_s, host)
         found, records_of = sessions_for({key: path for key, (_, path) in mine.items()}, plan, spec.session_search,
@@ -85,7 +85,7 @@ def bench_all(spec: ThroughputSpec | None, pairs: dict[str, tuple[Pair, Path]], 
     opened, searches = sessions(spec, pairs, sample, layout, host, records, progress, reference)
     slice_s = spec.duration_s / ROUNDS
     timing = Timing(slice_s, spec.warmup_s, max(ROUNDS, round(spec.budget_s / slice_s)))
-    paths = {key: (path, pair.engine) for key, (pair, path) in pairs.items()}
+    paths = {key: (path, pair.provider) for key, (pair, path) in pairs.items()}
     ordered = {reference: opened[reference], **opened}
 
     def undecided(bench: Bench, key: str) -> bool:

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
+from temper.artifacts.core.host import usable_cores
+from temper.artifacts.core.layout import Layout
+from temper.artifacts.core.onnx_io import dims, fit_batch, fixed_batch, load_structure
 from temper.artifacts.engines.onnxruntime import SessionSettings, open_session
-from temper.artifacts.engines.providers import CPU
-from temper.artifacts.host import usable_cores
-from temper.artifacts.layout import Layout
-from temper.artifacts.onnx_io import dims, fit_batch, fixed_batch, load_structure
+from temper.artifacts.engines.providers import CPU, Provider
 from temper.validators.fidelity import compare_outputs
 from temper.validators.gates import Gate, at_least
 from temper.validators.report_model import BatchComposition, CompositionFigure
@@ -55,16 +55,16 @@ class Measured:
     answers: dict[str, Arrays]
 
 
-def measure(path: Path, engine: str, features: Arrays, layout: Layout, pad: dict[str, int | float],
+def measure(path: Path, provider: Provider, features: Arrays, layout: Layout, pad: dict[str, int | float],
             batch_size: int) -> Measured | None:
-    """Run the probes alone and inside each composition on `engine`; None for a model with a fixed batch dim (it
+    """Run the probes alone and inside each composition on `provider`; None for a model with a fixed batch dim (it
     never runs a row alone) or an evaluation set of fewer than two rows."""
     model = load_structure(path)
     rows = len(next(iter(features.values())))
     if fixed_batch(model, layout) is not None or rows < 2:
         return None
-    sess = (open_session(path, SessionSettings(intra_op_threads=usable_cores()), [CPU]) if engine == "cpu"
-            else session_for(path, engine))
+    sess = (open_session(path, SessionSettings(intra_op_threads=usable_cores()), [CPU]) if provider == "cpu"
+            else session_for(path, provider))
     names = [o.name for o in sess.get_outputs()]
     shapes = dims(model)
     trimmed = [n for n in pad if n in features and not isinstance((shapes.get(n) or [0, 0])[1], int)]
@@ -186,24 +186,24 @@ def _loudness(features: Arrays, lengths: np.ndarray, padded: set[str]) -> np.nda
 
 
 class Composer:
-    """Measures each (model, engine) once and compares it with the reference (the baseline on the first engine)."""
+    """Measures each (model, provider) once and compares it with the reference (the baseline on the first provider)."""
 
     def __init__(self, features: Arrays, layout: Layout, pad: dict[str, int | float], batch_size: int,
-                 spec: ValidateSpec, reference: Path, engine: str) -> None:
+                 spec: ValidateSpec, reference: Path, provider: Provider) -> None:
         self._args = (features, layout, pad, batch_size)
         self._spec = spec
         self._measured: dict[tuple[str, str], Measured | None] = {}
-        self._reference = self._measure(reference, engine)
+        self._reference = self._measure(reference, provider)
 
-    def _measure(self, path: Path, engine: str) -> Measured | None:
-        if (str(path), engine) not in self._measured:
-            self._measured[str(path), engine] = measure(path, engine, *self._args)
-        return self._measured[str(path), engine]
+    def _measure(self, path: Path, provider: Provider) -> Measured | None:
+        if (str(path), provider) not in self._measured:
+            self._measured[str(path), provider] = measure(path, provider, *self._args)
+        return self._measured[str(path), provider]
 
-    def of(self, path: Path, engine: str) -> tuple[BatchComposition | None, list[Gate]]:
+    def of(self, path: Path, provider: Provider) -> tuple[BatchComposition | None, list[Gate]]:
         """The model's batch-composition record and its fidelity.batched gates (none for the reference itself, or
         a model that could not be measured)."""
-        mine = self._measure(path, engine)
+        mine = self._measure(path, provider)
         if mine is None or self._reference is None:
             return None, []
         return figures(mine, self._reference, self._spec)

@@ -8,12 +8,12 @@ from typing import Any, Protocol
 import numpy as np
 import onnx
 
+from temper.artifacts.core.host import profile, usable_cores
+from temper.artifacts.core.layout import AXIS0, Layout
+from temper.artifacts.core.onnx_io import fingerprint, fit_batch, fixed_batch, load_structure
 from temper.artifacts.engines.onnxruntime import SessionSettings, open_session
-from temper.artifacts.engines.providers import CPU
-from temper.artifacts.host import profile, usable_cores
-from temper.artifacts.integrity import content_digests
-from temper.artifacts.layout import AXIS0, Layout
-from temper.artifacts.onnx_io import fingerprint, fit_batch, fixed_batch, load_structure
+from temper.artifacts.engines.providers import CPU, Provider
+from temper.artifacts.formats.integrity import content_digests
 from temper.validators.throughput import session_for
 
 
@@ -27,12 +27,12 @@ class Kept(Protocol):
 
 
 def predict(path: Path, features: dict[str, np.ndarray], batch_size: int,
-            layout: Layout = AXIS0, engine: str = "cpu", kept: Kept | None = None) -> dict[str, np.ndarray]:
-    """Every output of the model at `path` over every row of `features` (samples first), run on `engine`
+            layout: Layout = AXIS0, provider: Provider = "cpu", kept: Kept | None = None) -> dict[str, np.ndarray]:
+    """Every output of the model at `path` over every row of `features` (samples first), run on `provider`
     (a row of artifacts.engines.providers; ONNX Runtime's CPU by default) in batches laid out by `layout`,
-    samples first again. On another engine the session is the one the speed gates measure there
-    (throughput.session_for): a pair is gated on the outputs of the engine that would serve it.
-    With `kept`, outputs computed before for the same model bytes, data, batching, engine and host
+    samples first again. On another provider the session is the one the speed gates measure there
+    (throughput.session_for): a pair is gated on the outputs of the provider that would serve it.
+    With `kept`, outputs computed before for the same model bytes, data, batching, provider and host
     are read back instead (the baseline's: `check`, the fallback's scorer and the gates all need them).
 
     A model with a fixed batch dim (a fixed-shape candidate) runs in chunks of exactly that
@@ -43,30 +43,30 @@ def predict(path: Path, features: dict[str, np.ndarray], batch_size: int,
     so the outputs the gates score are the outputs the served model gives.
     """
     model = load_structure(path)
-    parts = _depends_on(path, model, features, batch_size, layout, engine) if kept is not None else {}
+    parts = _depends_on(path, model, features, batch_size, layout, provider) if kept is not None else {}
     if kept is not None and (found := kept.get(parts)) is not None:
         return found
-    outputs = _predict(path, model, features, batch_size, layout, engine)
+    outputs = _predict(path, model, features, batch_size, layout, provider)
     if kept is not None:
         kept.put(parts, outputs)
     return outputs
 
 
 def _depends_on(path: Path, model: onnx.ModelProto, features: dict[str, np.ndarray], batch_size: int,
-                layout: Layout, engine: str) -> dict[str, Any]:
+                layout: Layout, provider: Provider) -> dict[str, Any]:
     """What a model's outputs depend on: its bytes (external data included), the rows, the batching, the
-    engine, and the host's ISA, threads and runtimes (kernels and their order of sums differ)."""
+    provider, and the host's ISA, threads and runtimes (kernels and their order of sums differ)."""
     host = profile()
     return {"model": content_digests(path, model), "features": fingerprint([features]), "batch_size": batch_size,
             "layout": [dict(layout.inputs), dict(layout.outputs), fingerprint([dict(layout.constants)])],
-            "engine": engine,
+            "engine": provider,  # the cache key keeps its first name
             "host": [*host.kernels(), host.onnxruntime, host.openvino]}
 
 
 def _predict(path: Path, model: onnx.ModelProto, features: dict[str, np.ndarray], batch_size: int,
-             layout: Layout, engine: str) -> dict[str, np.ndarray]:
-    sess = (open_session(path, SessionSettings(intra_op_threads=usable_cores()), [CPU]) if engine == "cpu"
-            else session_for(path, engine))
+             layout: Layout, provider: Provider) -> dict[str, np.ndarray]:
+    sess = (open_session(path, SessionSettings(intra_op_threads=usable_cores()), [CPU]) if provider == "cpu"
+            else session_for(path, provider))
     names = [o.name for o in sess.get_outputs()]
     fixed = fixed_batch(model, layout)
     step = fixed or batch_size

@@ -10,9 +10,8 @@ per-round ratios the speed gates use; it passes only where the whole interval li
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
 
-from temper.artifacts.engines.providers import PROVIDERS, Provider
+from temper.artifacts.engines.providers import PROVIDERS
 from temper.validators.gates import Gate
 from temper.validators.pairs import Pair
 from temper.validators.rounds import Bench
@@ -26,11 +25,11 @@ def int8_over_fp16(candidates: Sequence[tuple[str, Pair]], precisions: dict[str,
         return {}
     bench = max(benches, key=lambda b: b.batch_size)
     timed = set(bench.slices)
-    fp16 = {pair.engine: key for key, pair in candidates
+    fp16 = {pair.provider: key for key, pair in candidates
             if precisions.get(pair.model) == "fp16" and key in timed}
     gates = {}
     for key, pair in candidates:
-        engine = cast(Provider, pair.engine)
+        engine = pair.provider
         if not (PROVIDERS[engine].gpu and precisions.get(pair.model, "").startswith("int8")):
             continue
         if key not in timed or engine not in fp16:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from temper.artifacts.callables import call_user, load_callable
-from temper.artifacts.errors import RecipeError
+from temper.artifacts.core.callables import call_user, load_callable
+from temper.artifacts.core.errors import RecipeError
 from temper.validators.spec import AccuracyGate, percent
 
 KEY = "validate.accuracy.metric"

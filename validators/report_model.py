@@ -17,12 +17,12 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
+from temper.artifacts.core.host import HostProfile
 from temper.artifacts.engines import Settings
 from temper.artifacts.engines.onnxruntime import SessionSettings, needed_limit_mb
 from temper.artifacts.engines.providers import Provider
-from temper.artifacts.host import HostProfile
 from temper.validators.report_composition import BatchComposition, CompositionFigure
 from temper.validators.report_tuning import Configuration, NodeSensitivity, SameGraph, Trial, Tuning
 
@@ -113,7 +113,7 @@ class Latency(_Model):
 
 
 class Load(_Model):
-    """What else ran while a batch size was measured (artifacts.host.Load)."""
+    """What else ran while a batch size was measured (artifacts.core.host.Load)."""
 
     load_1m: float | None
     steal_pct: float | None
@@ -254,10 +254,20 @@ class SettingTrial(_Model):
     name: str = Field(description='the row: "one-thread", "spinning", "extended", ...')
     changes: dict[str, Any] = Field(description="what it changes in the default settings")
     settings: dict[str, Any] = Field(description="the whole settings it ran with")
-    verdict: Literal["kept", "faster", "not faster", "slower"] = Field(
+    verdict: Literal["kept", "faster", "not faster", "slower", "rejected"] = Field(
         description="kept: the fastest of the faster; faster: interval above 1.0 at the ranking batch size and "
-                    "below 1.0 at none; slower: interval below 1.0 at some batch size; not faster: neither")
+                    "below 1.0 at none; slower: interval below 1.0 at some batch size; not faster: neither; "
+                    "rejected: its outputs differed from the plain run's (a CUDA graph replay), so it was not timed")
     speedups: list[SettingSpeedup]
+    problem: str | None = Field(None, description="rejected: where its outputs differed, one line")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """`problem` only on a rejected row: the other rows' records stay as they were."""
+        data: dict[str, Any] = handler(self)
+        if self.problem is None:
+            data.pop("problem", None)
+        return data
 
 
 class SessionSearch(_Model):

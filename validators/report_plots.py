@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from temper.artifacts.capacity import Capacity
+from temper.artifacts.formats.capacity import Capacity
 from temper.validators.report_model import Report, Tuning
 
 

@@ -7,6 +7,10 @@ every round, so a burst of load hits all alike; the round's ratio to the referen
 observation for validators/speedup.py's interval. After ROUNDS rounds, only the reference and those
 still undecided go on, round by round, up to a bound; with a deadline (the session search's budget), no
 round starts that the last one's length says would end past it.
+
+Before a batch size's rounds, a session with CUDA graphs on (artifacts/engines/cuda_graphs.py) has its graph
+path compared with its plain run at that size, on the timed batch and on one it was not captured with: a
+replay that answers another batch's numbers fails there in one line, before any figure is recorded.
 """
 
 from __future__ import annotations
@@ -17,10 +21,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import onnx
 
-from temper.artifacts.host import Load, LoadMeter
-from temper.artifacts.layout import Layout
-from temper.artifacts.onnx_io import load_structure
+from temper.artifacts import engines
+from temper.artifacts.core.errors import StepFailed
+from temper.artifacts.core.host import Load, LoadMeter
+from temper.artifacts.core.layout import Layout
+from temper.artifacts.core.onnx_io import load_structure
+from temper.artifacts.engines.providers import Provider
 from temper.validators.throughput import Measurement, Session, batch_of, measure
 
 ROUNDS = 5  # rounds every model gets; more only while a comparison is undecided
@@ -63,7 +71,7 @@ class Timing:
     deadline: float | None = None
 
 
-def interleave(bench: Bench, sessions: dict[str, Session], paths: dict[str, tuple[Path, str]],
+def interleave(bench: Bench, sessions: dict[str, Session], paths: dict[str, tuple[Path, Provider]],
                sample: dict[str, np.ndarray], layout: Layout, timing: Timing,
                undecided: Callable[[Bench, str], bool], more: Callable[[Bench, int, list[str]], None] = lambda *_: None,
                ) -> Bench:
@@ -76,6 +84,11 @@ def interleave(bench: Bench, sessions: dict[str, Session], paths: dict[str, tupl
     active = list(sessions)
     graphs = {path: load_structure(path) for path, _ in paths.values()}  # read once, not once a slice
     feeds = {name: batch_of(graphs[paths[name][0]], sample, bench.batch_size, layout) for name in sessions}
+    problems = replay_problems(sessions, feeds, graphs, paths, sample, bench.batch_size, layout)
+    if problems:
+        name, problem = next(iter(problems.items()))
+        raise StepFailed(f"{name}: CUDA graph replay at batch {bench.batch_size}: {problem}; "
+                         "gate it with cuda_graph off")
     for round_ in range(timing.most_rounds):
         began = time.perf_counter()
         if round_ and timing.deadline is not None and began + bench.round_s[-1] > timing.deadline:
@@ -98,3 +111,21 @@ def interleave(bench: Bench, sessions: dict[str, Session], paths: dict[str, tupl
         active = [bench.reference, *still]
     bench.load = meter.read()
     return bench
+
+
+def replay_problems(sessions: dict[str, Session], feeds: dict[str, dict[str, np.ndarray]],
+                    graphs: dict[Path, onnx.ModelProto], paths: dict[str, tuple[Path, Provider]],
+                    sample: dict[str, np.ndarray], size: int, layout: Layout) -> dict[str, str]:
+    """Each session whose CUDA-graph path answers differently from its plain run at batch `size` (on its
+    timed batch, then on the sample's rows shifted by one, which no graph was captured with), and how."""
+    shifted = {key: np.roll(value, -1, axis=0) if np.ndim(value) else value for key, value in sample.items()}
+    found = {}
+    for name, session in sessions.items():
+        if not engines.uses_graphs(session):  # nothing to compare: no second batch built
+            continue
+        graph = graphs[paths[name][0]]
+        other = batch_of(graph, shifted, size, layout)
+        problem = engines.replay_problem(session, [feeds[name], other])
+        if problem is not None:
+            found[name] = problem
+    return found

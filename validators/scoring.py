@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from temper.artifacts.errors import RecipeError
-from temper.artifacts.layout import AXIS0, Layout
+from temper.artifacts.core.errors import RecipeError
+from temper.artifacts.core.layout import AXIS0, Layout
 from temper.calibration.sources import Dataset
 from temper.validators import metrics
 from temper.validators.evaluate import Kept, predict

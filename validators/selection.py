@@ -4,7 +4,7 @@ baseline, each candidate's first failed gate or why one that passed is not bette
 
 from __future__ import annotations
 
-from temper.artifacts.host import HostProfile
+from temper.artifacts.core.host import HostProfile
 from temper.validators.gates import Selection, Verdict
 from temper.validators.spec import ValidateSpec
 

@@ -6,10 +6,12 @@ same session's throughput 1.05-2.9x on a loaded 2-core host; onnxruntime#26992 r
 7x slower than ORT_ENABLE_EXTENDED on one CPU family), and no setting wins everywhere. So, with
 `validate.throughput.session_search`, each model is timed on its default settings and on each row of
 table() for the engine (one setting changed at a time), in the interleaved rounds of validators/rounds.py
-at every measured batch size. A row is kept when its speedup interval over the default
-(validators/speedup.py) lies above 1.0 at the ranking batch size (the largest, where selection
-ranks) and below 1.0 at none; of those, the fastest at the ranking size. Otherwise the default stays:
-a setting is never chosen on a point estimate, nor where its own interval says it is slower anywhere.
+at every measured batch size (on the GPU rows, CUDA graphs off and on; a graph row whose graph path
+answers differently from its plain run at some batch size is `rejected` untimed). A row is kept when its
+speedup interval over the default (validators/speedup.py) lies above 1.0 at the ranking batch size (the
+largest, where selection ranks) and below 1.0 at none; of those, the fastest at the ranking size.
+Otherwise the default stays: a setting is never chosen on a point estimate, nor where its own interval
+says it is slower anywhere.
 
 The budget (`session_search_s`) bounds the search's wall time, building its sessions included: each batch
 size gets an equal share of what is left when its turn comes, and no round starts that would end past it
@@ -31,22 +33,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar, cast
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 from pydantic import BaseModel
 
 from temper.artifacts import engines
+from temper.artifacts.core.host import HostProfile
+from temper.artifacts.core.layout import Layout
+from temper.artifacts.core.onnx_io import load_structure
 from temper.artifacts.engines.providers import Provider
-from temper.artifacts.host import HostProfile
-from temper.artifacts.layout import Layout
-from temper.validators.rounds import ROUNDS, Bench, Timing, interleave
+from temper.validators.rounds import ROUNDS, Bench, Timing, interleave, replay_problems
 from temper.validators.speedup import Speedup, estimate
-from temper.validators.throughput import Session, engine_defaults, session_for, tuned_session
+from temper.validators.throughput import Session, batch_of, engine_defaults, session_for, tuned_session
 
 MOST_ROUNDS = 2 * ROUNDS  # ROUNDS for every setting, then as many again while one is undecided
 DEFAULT = "default"  # the name of the settings every row is compared with
-Verdict = Literal["kept", "faster", "not faster", "slower"]
+Verdict = Literal["kept", "faster", "not faster", "slower", "rejected"]
 Settings = TypeVar("Settings", bound=BaseModel)  # an engine's settings model (artifacts/engines/)
 
 
@@ -62,14 +65,14 @@ class Row:
         return type(default).model_validate({**default.model_dump(), **self.changes})
 
 
-def table(provider: str) -> tuple[Row, ...]:
+def table(provider: Provider) -> tuple[Row, ...]:
     """The settings tried on `provider`, each against the default alone, as its runtime lists them
     (artifacts/engines/: ONNX Runtime's CPU tries one thread, spinning and extended graph optimization;
     OpenVINO one thread and two streams; GPU rows take no thread settings, so none)."""
-    return tuple(Row(name, changes) for name, changes in engines.of(provider).search_rows(cast(Provider, provider)))
+    return tuple(Row(name, changes) for name, changes in engines.of(provider).search_rows(provider))
 
 
-def rows_for(provider: str, default: BaseModel) -> tuple[Row, ...]:
+def rows_for(provider: Provider, default: BaseModel) -> tuple[Row, ...]:
     """The rows of table(provider) that change something on this host (one thread is the default
     on a one-core host)."""
     return tuple(row for row in table(provider) if row.apply(default) != default)
@@ -90,9 +93,13 @@ class Trial:
     row: Row
     settings: dict[str, Any]
     speedups: dict[int, Speedup]
+    problem: str | None = None  # where its outputs differed from the plain run's (then it was not timed)
 
     def verdict(self, ranking: int) -> Verdict:
-        """slower: its interval lies below 1.0 at some batch size; faster: above 1.0 at the ranking size."""
+        """slower: its interval lies below 1.0 at some batch size; faster: above 1.0 at the ranking size;
+        rejected: its CUDA graph path answered differently from the plain run."""
+        if self.problem is not None:
+            return "rejected"
         if any(up.decide(1.0) == "fail" for up in self.speedups.values()):
             return "slower"
         return "faster" if self.speedups[ranking].decide(1.0) == "pass" else "not faster"
@@ -109,7 +116,7 @@ def choose(trials: list[Trial], ranking: int) -> Trial | None:
 class Plan:
     """What a search measures, and what its result depends on."""
 
-    provider: str
+    provider: Provider
     batch_sizes: list[int]
     confidence: float
     budget_s: float
@@ -144,6 +151,10 @@ def search(path: Path, plan: Plan, sample: dict[str, np.ndarray], layout: Layout
     settings = {DEFAULT: default, **{row.name: row.apply(default) for row in rows}}
     progress(f"session search › {name} on {plan.provider}: {', '.join(settings)}")
     sessions = {key: session_for(path, plan.provider, value) for key, value in settings.items()}
+    rejected = _rejected(sessions, path, plan, sample, layout)
+    for key in rejected:
+        progress(f"session search › {name} on {plan.provider}: {key} rejected ({rejected[key]})")
+        del sessions[key]
     built_s = time.perf_counter() - began
     # A slice is a warm-up and a timed stretch of slice_s each: MOST_ROUNDS of every setting then fit.
     slice_s = plan.budget_s / (2 * len(plan.batch_sizes) * len(sessions) * MOST_ROUNDS)
@@ -160,7 +171,8 @@ def search(path: Path, plan: Plan, sample: dict[str, np.ndarray], layout: Layout
         benches.append(interleave(Bench(size, DEFAULT, {key: {} for key in sessions}), sessions,
                                   paths, sample, layout, timing, undecided))
     cut = [b.batch_size for b in benches if b.cut_short]
-    trials = [Trial(row, settings[row.name].model_dump(),
+    trials = [Trial(row, settings[row.name].model_dump(), {}, rejected[row.name]) if row.name in rejected else
+              Trial(row, settings[row.name].model_dump(),
                     {b.batch_size: estimate(b.ratios(row.name), plan.confidence) for b in benches}) for row in rows]
     best = choose(trials, ranking)
     kept = DEFAULT if best is None else best.row.name
@@ -178,6 +190,23 @@ def search(path: Path, plan: Plan, sample: dict[str, np.ndarray], layout: Layout
         f" (the {plan.budget_s:g} s budget cut the rounds short at batch {', '.join(map(str, cut))}: "
         f"session_search_s: {record['enough_s']:g} would give every setting {ROUNDS} rounds)" if cut else ""))
     return Found(sessions[kept], record)
+
+
+def _rejected(sessions: dict[str, Session], path: Path, plan: Plan, sample: dict[str, np.ndarray],
+              layout: Layout) -> dict[str, str]:
+    """The rows whose CUDA graph path answers differently from their plain run at some batch size, and where
+    (validators/rounds.py's check, which the gates then repeat on the kept session)."""
+    if not any(engines.uses_graphs(s) for s in sessions.values()):
+        return {}
+    graphs = {path: load_structure(path)}
+    paths = dict.fromkeys(sessions, (path, plan.provider))
+    found: dict[str, str] = {}
+    for size in plan.batch_sizes:
+        live = {key: s for key, s in sessions.items() if engines.uses_graphs(s) and key not in found}
+        feeds = {key: batch_of(graphs[path], sample, size, layout) for key in live}
+        found |= {key: f"batch {size}: {problem}"
+                  for key, problem in replay_problems(live, feeds, graphs, paths, sample, size, layout).items()}
+    return found
 
 
 def _enough_s(built_s: float, benches: list[Bench]) -> float:
@@ -201,6 +230,7 @@ def sessions_for(models: dict[str, Path], plan: Plan, enabled: bool, sample: dic
 def _trial(trial: Trial, ranking: int, kept: bool) -> dict[str, Any]:
     return {"name": trial.row.name, "changes": trial.row.changes, "settings": trial.settings,
             "verdict": "kept" if kept else trial.verdict(ranking),
+            **({"problem": trial.problem} if trial.problem else {}),
             "speedups": [{"batch_size": size, "speedup": up.ratio, "rounds": up.rounds,
                           "interval": None if up.low is None or up.high is None else [up.low, up.high]}
                          for size, up in trial.speedups.items()]}

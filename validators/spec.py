@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, PositiveInt, StringConstraints, model_validator
 
+from temper.artifacts.core.strict import Identifier, Strict
 from temper.artifacts.engines.providers import Provider
-from temper.artifacts.strict import Identifier, Strict
 
 BUILTIN_METRICS = ("top1", "topk", "f1", "cosine", "mse", "probe")
 

@@ -12,21 +12,21 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import onnx
 import psutil
 
 from temper.artifacts import engines
+from temper.artifacts.core.errors import OptionError
+from temper.artifacts.core.host import HostProfile, usable_cores
+from temper.artifacts.core.layout import AXIS0, Layout, default_axes
+from temper.artifacts.core.onnx_io import dims, fixed_batch, load_structure
 from temper.artifacts.engines import EngineSettings, Session, gpu_memory
 from temper.artifacts.engines.onnxruntime import SessionSettings
 from temper.artifacts.engines.providers import CPU, PROVIDERS, Provider
 from temper.artifacts.engines.threads import choose_threads
-from temper.artifacts.errors import OptionError
-from temper.artifacts.host import HostProfile, usable_cores
-from temper.artifacts.layout import AXIS0, Layout, default_axes
-from temper.artifacts.onnx_io import dims, fixed_batch, load_structure
 
 _PERCENTILES = (50, 90, 95, 99)
 
@@ -44,7 +44,7 @@ class Measurement:
     gpu_mem_mb: float | None  # on a GPU row, the MiB this process holds there, highest sampled; None: no GPU row
     rounds: int = 1  # interleaved slices this figure is the median of
     spread_pct: float | None = None  # (fastest - slowest slice) / median, in %: the noise across rounds
-    load: dict[str, float | None] | None = None  # artifacts.host.Load while it was measured
+    load: dict[str, float | None] | None = None  # artifacts.core.host.Load while it was measured
     session: dict[str, Any] | None = None  # SessionSettings / OpenVinoSettings the session really ran with
     threads: int | None = None  # the CPU threads one call ran on, read back from the session
 
@@ -52,11 +52,11 @@ class Measurement:
         return asdict(self)
 
 
-def require_available(provider: str, host: HostProfile | None = None) -> None:
+def require_available(provider: Provider, host: HostProfile | None = None) -> None:
     """Fail early (before any model is built) when this host cannot offer `provider` at all: its runtime says
     why (an ONNX Runtime provider this onnxruntime lacks, OpenVINO absent or without a CPU device, a BF16 row
     on a CPU whose profile reports no native BF16)."""
-    engines.of(provider).available(cast(Provider, provider), host)
+    engines.of(provider).available(provider, host)
 
 
 def default_settings() -> SessionSettings:
@@ -65,21 +65,23 @@ def default_settings() -> SessionSettings:
     return SessionSettings(intra_op_threads=usable_cores())
 
 
-def engine_defaults(provider: str) -> EngineSettings:
+def engine_defaults(provider: Provider) -> EngineSettings:
     """The settings a model starts from on `provider`, as its runtime defines them for this host."""
-    return engines.of(provider).defaults(cast(Provider, provider))
+    return engines.of(provider).defaults(provider)
 
 
-def session_for(path: Path, provider: str, settings: EngineSettings | None = None) -> Session:
+def session_for(path: Path, provider: Provider, settings: EngineSettings | None = None, *,
+                asked: bool = False) -> Session:
     """A session built from `settings` (engine_defaults(provider)) whose graph runs on `provider`, checked
     against what the session itself reports (onnxruntime-gpu falls back to the CPU silently; OpenVINO may
-    compute in another precision than asked)."""
-    require_available(provider)
+    compute in another precision than asked). `asked`: the caller already asked require_available."""
+    if not asked:
+        require_available(provider)
     engine = engines.of(provider)
-    return engine.open(path, cast(Provider, provider), settings or engine.defaults(cast(Provider, provider)))
+    return engine.open(path, provider, settings or engine.defaults(provider))
 
 
-def tuned_session(path: Path, provider: str, sample: dict[str, np.ndarray],
+def tuned_session(path: Path, provider: Provider, sample: dict[str, np.ndarray],
                   layout: Layout = AXIS0) -> Session:
     """The session `path` is measured with on `provider`, threads chosen once for this model exactly as
     the serving runtime chooses them on ONNX Runtime's CPU (artifacts.engines.threads.choose_threads,
@@ -95,7 +97,7 @@ def tuned_session(path: Path, provider: str, sample: dict[str, np.ndarray],
     return kept
 
 
-def recorded_settings(session: Session, provider: str) -> dict[str, Any]:
+def recorded_settings(session: Session, provider: Provider) -> dict[str, Any]:
     """The settings a session really runs with, read back from it, as report.json records them."""
     return engines.of(provider).settings_of(session).model_dump()
 
@@ -219,7 +221,7 @@ def random_inputs(model: onnx.ModelProto, rows: int, sizes: dict[str, int],
 
 
 def measure(
-    path: Path, sample: dict[str, np.ndarray], batch_size: int, provider: str, duration_s: float, warmup_s: float,
+    path: Path, sample: dict[str, np.ndarray], batch_size: int, provider: Provider, duration_s: float, warmup_s: float,
     session: Session | None = None, layout: Layout = AXIS0, feed: dict[str, np.ndarray] | None = None,
 ) -> Measurement:
     """Warm up for `warmup_s` (at least one call), then time calls until `duration_s` has elapsed.
@@ -235,8 +237,8 @@ def measure(
     """
     feed = feed if feed is not None else batch_of(load_structure(path), sample, batch_size, layout)
     session = session or session_for(path, provider)
-    call = engines.of(provider).bound_call(session, feed, cast(Provider, provider))
-    gpu = PROVIDERS[cast(Provider, provider)].gpu
+    call = engines.of(provider).bound_call(session, feed, provider)
+    gpu = PROVIDERS[provider].gpu
 
     peak = _rss_mb()
     warm_until = time.perf_counter() + warmup_s

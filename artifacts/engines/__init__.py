@@ -10,6 +10,7 @@ It sits in artifacts/, the bottom layer, because the serving runtime and the MLf
 from __future__ import annotations
 
 from temper.artifacts.engines.base import Engine, EngineSettings, Session
+from temper.artifacts.engines.cuda_graphs import replay_problem, uses_graphs
 from temper.artifacts.engines.onnxruntime import OnnxRuntime, SessionSettings
 from temper.artifacts.engines.openvino import OpenVino, OpenVinoSettings
 from temper.artifacts.engines.providers import PROVIDERS, EngineName
@@ -18,7 +19,7 @@ from temper.artifacts.engines.providers import PROVIDERS, EngineName
 Settings = SessionSettings | OpenVinoSettings
 ENGINES: dict[EngineName, Engine] = {"onnxruntime": OnnxRuntime(), "openvino": OpenVino()}
 
-__all__ = ["ENGINES", "Engine", "EngineSettings", "Session", "Settings", "of"]
+__all__ = ["ENGINES", "Engine", "EngineSettings", "Session", "Settings", "of", "replay_problem", "uses_graphs"]
 
 
 def of(provider: str) -> Engine:

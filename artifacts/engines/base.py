@@ -18,8 +18,8 @@ import numpy as np
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
+    from temper.artifacts.core.host import HostProfile
     from temper.artifacts.engines.providers import Provider
-    from temper.artifacts.host import HostProfile
 
 
 class EngineSettings(BaseModel):
@@ -121,6 +121,7 @@ class Engine(Protocol):
         ValueError, completing "BUNDLE was ...", for a kind this runtime cannot run."""
         ...
 
-    def triton_differences(self, provider: Provider) -> list[str]:
-        """What runs differently on Triton's backend than under `temper serve`, one phrase each."""
+    def triton_differences(self, provider: Provider, settings: EngineSettings | None = None) -> list[str]:
+        """What runs differently on Triton's backend than under `temper serve` for a bundle gated on
+        `provider` with `settings`, one phrase each."""
         ...

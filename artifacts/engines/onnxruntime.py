@@ -12,6 +12,8 @@ loaded 2-core machine with spinning off.
 On a GPU the CUDA arena is bounded and grows by what a call asks for (`gpu_mem_limit_mb`,
 `arena_extend_strategy`): ONNX Runtime's defaults take up to the whole device and round every growth up to a
 power of two, which starves the neighbouring processes and fragments memory under varying shapes.
+With `cuda_graph` the session answers through bound buffers and one CUDA graph per batch size
+(artifacts/engines/cuda_graphs.py), a row the session search tries on the GPU rows.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ import onnxruntime as ort
 import platformdirs
 from pydantic import ConfigDict, Field, PositiveInt, SerializerFunctionWrapHandler, model_serializer
 
-from temper.artifacts import native_logs, nvidia
+from temper.artifacts.core import native_logs, nvidia
+from temper.artifacts.core.errors import EnvironmentProblem
+from temper.artifacts.core.host import HostProfile, usable_cores
 from temper.artifacts.engines.base import EngineSettings, Session
+from temper.artifacts.engines.cuda_graphs import GraphSession
 from temper.artifacts.engines.providers import BEST_FIRST, CPU, CUDA, PROVIDERS, TENSORRT, Provider, named
-from temper.artifacts.errors import EnvironmentProblem
-from temper.artifacts.host import HostProfile, usable_cores
 
 log = logging.getLogger("temper.serving")
 
@@ -76,6 +79,10 @@ class SessionSettings(EngineSettings):
     arena_extend_strategy: ArenaStrategy = Field(
         "same_as_requested", description="on cuda/tensorrt, how the CUDA arena grows: by what a call asks for, or "
                                          "to the next power of two (ONNX Runtime's default, which overshoots)")
+    cuda_graph: bool = Field(
+        False, description="on cuda/tensorrt, capture each batch size's run as a CUDA graph and replay it "
+                           "(enable_cuda_graph / trt_cuda_graph_enable), inputs and outputs in bound buffers; "
+                           "on the CPU provider the same bound path without a graph")
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -86,6 +93,8 @@ class SessionSettings(EngineSettings):
             data.pop("gpu_mem_limit_mb", None)
         if self.arena_extend_strategy == "same_as_requested":
             data.pop("arena_extend_strategy", None)
+        if not self.cuda_graph:
+            data.pop("cuda_graph", None)
         return data
 
     @property
@@ -110,6 +119,8 @@ class SessionSettings(EngineSettings):
         options = {"arena_extend_strategy": _ARENA[self.arena_extend_strategy]}
         if self.gpu_mem_limit_mb is not None:
             options["gpu_mem_limit"] = str(self.gpu_mem_limit_mb * 2**20)
+        if self.cuda_graph:
+            options["enable_cuda_graph"] = "1"
         return options
 
 
@@ -148,9 +159,13 @@ def provider_chain(providers: list[str], settings: SessionSettings | None = None
                        "trt_timing_cache_enable": "True", "trt_timing_cache_path": str(cache)}
             if model is not None:
                 options["trt_engine_cache_prefix"] = engine_prefix(model)
+            if settings is not None and settings.cuda_graph:
+                options["trt_cuda_graph_enable"] = "True"
             chain.append((name, options))
         elif name == CUDA and settings is not None:
-            chain.append((name, settings.cuda_options()))
+            # behind TensorRT the graph is TensorRT's: one provider captures a session's graph
+            cuda = settings.model_copy(update={"cuda_graph": False}) if TENSORRT in providers else settings
+            chain.append((name, cuda.cuda_options()))
         else:
             chain.append(name)
     return chain
@@ -177,18 +192,34 @@ def _load_gpu_libraries(tensorrt: bool) -> None:
             preload()
 
 
-def settings_of(session: ort.InferenceSession) -> SessionSettings:
-    """The settings a live session really runs with, read back from its own options (the CUDA arena's
-    from the options the CUDA provider reports)."""
+def settings_of(session: ort.InferenceSession | GraphSession) -> SessionSettings:
+    """The settings a live session really runs with, read back from its own options (the CUDA arena's and
+    CUDA graphs from the options the CUDA and TensorRT providers report; on the CPU provider, whether calls go
+    through the bound path)."""
     options = session.get_session_options()
     level = next(name for name, value in LEVELS.items() if value == options.graph_optimization_level)
-    cuda = session.get_provider_options().get(CUDA, {})
+    reported = session.get_provider_options()
+    cuda = reported.get(CUDA, {})
+    if CUDA in reported or TENSORRT in reported:
+        graph = cuda.get("enable_cuda_graph") == "1" or \
+            reported.get(TENSORRT, {}).get("trt_cuda_graph_enable", "0").lower() in ("1", "true")
+    else:
+        graph = isinstance(session, GraphSession)
     limit = int(cuda.get("gpu_mem_limit", 0))
     strategy = {v: k for k, v in _ARENA.items()}.get(cuda.get("arena_extend_strategy", ""), "same_as_requested")
     return SessionSettings(intra_op_threads=options.intra_op_num_threads,
                            spinning=options.get_session_config_entry(SPINNING) != "0", graph_optimization=level,
                            gpu_mem_limit_mb=limit // 2**20 if 0 < limit < 2**60 else None,
-                           arena_extend_strategy=strategy)
+                           arena_extend_strategy=strategy, cuda_graph=graph)
+
+
+def graphed(session: ort.InferenceSession, settings: SessionSettings) -> Session:
+    """`session` answering through cuda_graphs.GraphSession when `settings` ask for CUDA graphs, on the
+    device its first provider runs on."""
+    if not settings.cuda_graph:
+        return session
+    gpu = session.get_providers()[0] in (CUDA, TENSORRT)
+    return GraphSession(session, "cuda" if gpu else "cpu")
 
 
 class OnnxRuntime:
@@ -199,7 +230,7 @@ class OnnxRuntime:
     settings = SessionSettings
 
     def available(self, provider: Provider, host: HostProfile | None = None) -> None:
-        """The provider in this onnxruntime's list; on a GPU row first the NVIDIA stack (artifacts/nvidia.py: a
+        """The provider in this onnxruntime's list; on a GPU row first the NVIDIA stack (artifacts/core/nvidia.py: a
         CUDA build, a GPU, a driver at its CUDA's floor and, for tensorrt, the TensorRT its provider links:
         onnxruntime-gpu lists TensorrtExecutionProvider without it and then quietly runs on CUDA or the CPU)."""
         info = PROVIDERS[provider]
@@ -230,7 +261,7 @@ class OnnxRuntime:
                 f"provider '{provider}' requested but onnxruntime did not activate {info.ort} (the session has "
                 f"{', '.join(session.get_providers())}): check the CUDA/cuDNN/TensorRT libraries this "
                 "onnxruntime-gpu needs and that a GPU is visible")
-        return session
+        return graphed(session, settings)
 
     def settings_of(self, session: Session) -> SessionSettings:
         return settings_of(session)
@@ -250,14 +281,16 @@ class OnnxRuntime:
         engine = named(used[0] if used else CPU)
         if providers[0] != CPU and used[0] != providers[0]:
             log.warning("%s: %s requested but the session runs on %s", name, providers[0], used)
-        log.info("%s: engine=%s providers=%s intra_op_threads=%d spinning=%s", name, engine, used,
-                 settings.intra_op_threads, settings.spinning)
-        return session, engine, settings
+        log.info("%s: engine=%s providers=%s intra_op_threads=%d spinning=%s cuda_graph=%s", name, engine, used,
+                 settings.intra_op_threads, settings.spinning, settings.cuda_graph)
+        return graphed(session, settings), engine, settings
 
     def bound_call(self, session: Session, feed: dict[str, np.ndarray], provider: Provider) -> Callable[[], None]:
         """IO binding: inputs placed on the provider's device once, outputs left there. On a GPU this keeps
         host/device copies out of the timed loop; Run still waits for the CUDA stream at its end (ORT's
-        default), so wall time covers the GPU work."""
+        default), so wall time covers the GPU work. A CUDA-graph session replays its graph of the feed's shapes."""
+        if isinstance(session, GraphSession):
+            return session.bound_call(feed)
         device = "cuda" if PROVIDERS[provider].gpu else "cpu"
         live: Any = session
         binding = live.io_binding()
@@ -270,9 +303,10 @@ class OnnxRuntime:
         return lambda: live.run_with_iobinding(binding)
 
     def search_rows(self, provider: Provider) -> tuple[tuple[str, dict[str, Any]], ...]:
-        """On the CPU: one thread, spinning, extended graph optimization. GPU providers take no thread settings."""
+        """On the CPU: one thread, spinning, extended graph optimization. GPU providers take no thread settings:
+        there, CUDA graphs off (the default) and on."""
         if PROVIDERS[provider].gpu:
-            return ()
+            return (("cuda-graph", {"cuda_graph": True}),)
         return (("one-thread", {"intra_op_threads": 1}), ("spinning", {"spinning": True}),
                 ("extended", {"graph_optimization": "extended"}))
 
@@ -295,7 +329,13 @@ class OnnxRuntime:
     def triton_kind(self, provider: Provider, asked: str) -> str:
         return asked  # the same ONNX file runs on Triton's CPU or GPU instances
 
-    def triton_differences(self, provider: Provider) -> list[str]:
+    def triton_differences(self, provider: Provider, settings: EngineSettings | None = None) -> list[str]:
+        """CUDA graphs do not carry over: Triton's onnxruntime backend binds each batch's own request buffers
+        and runs without `gpu_graph_id`, while a replay reads the addresses it was captured with (its README
+        documents `trt_cuda_graph_enable` for TensorRT and none for CUDA), so the export leaves them off."""
+        if isinstance(settings, SessionSettings) and settings.cuda_graph and PROVIDERS[provider].gpu:
+            return ["no CUDA graphs: Triton's onnxruntime backend binds each batch's own buffers, which a graph "
+                    "replay cannot follow, so the export runs the plain path the gates checked it against"]
         return []
 
 

@@ -27,10 +27,10 @@ import numpy as np
 import onnx
 from pydantic import ConfigDict, Field, PositiveInt
 
+from temper.artifacts.core.errors import EnvironmentProblem
+from temper.artifacts.core.host import HostProfile, profile, usable_cores
 from temper.artifacts.engines.base import EngineSettings, Session
 from temper.artifacts.engines.providers import PROVIDERS, Provider
-from temper.artifacts.errors import EnvironmentProblem
-from temper.artifacts.host import HostProfile, profile, usable_cores
 
 log = logging.getLogger("temper.serving")
 
@@ -306,7 +306,7 @@ class OpenVino:
             raise ValueError(f"selected on {provider}, OpenVINO's CPU engine; use KIND_CPU or KIND_AUTO")
         return "KIND_CPU"
 
-    def triton_differences(self, provider: Provider) -> list[str]:
+    def triton_differences(self, provider: Provider, settings: EngineSettings | None = None) -> list[str]:
         if PROVIDERS[provider].precision != "f32":
             return []
         return ["Triton's OpenVINO backend has no setting that keeps the CPU in FP32: on a CPU with native BF16 "

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from temper.artifacts.nvidia import INSTALL_GPU, INSTALL_TENSORRT
+from temper.artifacts.core.nvidia import INSTALL_GPU, INSTALL_TENSORRT
 
 # recipe, report.json and `temper bench` spell engines so
 Provider = Literal["cpu", "cuda", "tensorrt", "openvino", "openvino-bf16"]
@@ -38,7 +38,7 @@ CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
 OPENVINO_INSTALL = "pip install 'temper-ml[openvino]'"
-# one ONNX Runtime build at a time: both ship `import onnxruntime` (artifacts/versions.py refuses both)
+# one ONNX Runtime build at a time: both ship `import onnxruntime` (artifacts/core/versions.py refuses both)
 GPU_INSTALL, TENSORRT_INSTALL = INSTALL_GPU, INSTALL_TENSORRT
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # native BF16 arithmetic; without them OpenVINO computes FP32
 
@@ -59,3 +59,11 @@ BEST_FIRST: tuple[Provider, ...] = ("tensorrt", "cuda", "cpu")
 def named(ort_provider: str) -> Provider:
     """The recipe's name for an ONNX Runtime provider a session runs on ("cpu" for any other)."""
     return next((info.name for info in PROVIDERS.values() if info.ort and info.ort == ort_provider), "cpu")
+
+
+def provider_named(name: str) -> Provider:
+    """`name` as a row of the table: the checked way from a string (a report key, a JSON field) to a Provider."""
+    for provider in PROVIDERS:
+        if provider == name:
+            return provider
+    raise ValueError(f"{name!r} is not a provider: one of {', '.join(PROVIDERS)}")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from temper.artifacts.engines.base import Session
-from temper.artifacts.engines.onnxruntime import SessionSettings, open_session
+from temper.artifacts.engines.onnxruntime import SessionSettings, graphed, open_session
 
 TIMING_RUNS = 21  # batch-1 runs per session timed at start-up (median), fewer for slow models
 TIMING_BUDGET_S = 0.25  # per session, after which timing stops once MIN_TIMING_RUNS ran
@@ -31,7 +31,7 @@ def choose_threads(model: Path, session: Session, settings: SessionSettings, inp
     if settings.intra_op_threads == 1:
         return session, settings, median_runs_s([session], inputs)
     one = settings.model_copy(update={"intra_op_threads": 1})
-    sessions = [session, open_session(model, one, providers)]
+    sessions = [session, graphed(open_session(model, one, providers), one)]
     times = median_runs_s(sessions, inputs)
     return (sessions[1], one, times) if times[1] < times[0] else (session, settings, times)
 

@@ -1,6 +1,9 @@
 """The `temper` command line. Errors are one line and an exit code (2 bad input, 3 environment,
 1 a step or candidate failed); `--debug` shows the traceback instead.
 
+Without ONNX Runtime (a bare `pip install temper-ml`) every command is one line and exit 3
+(pipeline/cli/runtime_check.py), checked here before the commands' modules import it.
+
 The commands live in modules by audience (`build`: recipes to gated models; `deploy`: published
 models to servers; `measure`: bench); each only parses and prints, the work is in `pipeline.flow` and below.
 """
@@ -18,10 +21,14 @@ import typer
 from rich.text import Text
 from typer._click.exceptions import NoArgsIsHelpError  # typer bundles click: `click`'s own classes never match
 
-from temper.artifacts import native_logs
-from temper.artifacts.errors import Interrupted, TemperError, reraise_interrupt
-from temper.pipeline.cli import build, deploy, ensemble, measure  # noqa: F401  (each registers its commands on `app`)
-from temper.pipeline.cli.common import Session, app, err, shown
+from temper.artifacts.core import native_logs
+from temper.artifacts.core.errors import Interrupted, TemperError, reraise_interrupt
+from temper.pipeline.cli import runtime_check
+
+runtime_check.exit_without_runtime()  # before the commands' modules import onnxruntime
+
+from temper.pipeline.cli import build, deploy, ensemble, measure  # noqa: E402, F401  (each registers its commands)
+from temper.pipeline.cli.common import Invocation, app, err, shown  # noqa: E402
 
 __all__ = ["app", "main"]
 
@@ -40,8 +47,8 @@ def _options(
     version: Annotated[bool, typer.Option("--version", help="print the version and exit", is_eager=True,
                                           callback=_show_version)] = False,
 ) -> None:
-    session: Session = ctx.ensure_object(Session)
-    session.debug, session.command = debug, ctx.invoked_subcommand
+    invocation: Invocation = ctx.ensure_object(Invocation)
+    invocation.debug, invocation.command = debug, ctx.invoked_subcommand
     # Exporters, quantizers and MLflow log and warn advice meant for their own developers; temper reports what
     # matters. Without --debug warnings become log records below the root level: a library's own "once" or
     # "always" filter cannot bring them back.
@@ -67,26 +74,26 @@ def main() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # temper shows its own progress
     previous = {each: signal.signal(each, _interrupt) for each in (signal.SIGINT, signal.SIGTERM)
                 if signal.getsignal(each) is not signal.SIG_IGN}  # ignored by the parent (`nohup`, `cmd &`): stays so
-    session = Session()
+    invocation = Invocation()
     try:
         try:
-            code = app(standalone_mode=False, obj=session)  # returns the code of a typer.Exit raised by a command
+            code = app(standalone_mode=False, obj=invocation)  # returns the code of a typer.Exit raised by a command
         except Exception as exc:  # an interrupt a library turned into an error of its own is still the interrupt
             reraise_interrupt(exc)
             raise
     except Interrupted as exc:
-        if session.command == "serve":  # how a server is stopped: it drained and shut down, a normal end
+        if invocation.command == "serve":  # how a server is stopped: it drained and shut down, a normal end
             err.print("stopped")
             sys.exit(0)
-        if session.command != "run":
+        if invocation.command != "run":
             err.print("interrupted")
-        elif session.committed:
-            err.print(Text(f"interrupted after writing {shown(session.committed[-1])}"), soft_wrap=True)
+        elif invocation.committed:
+            err.print(Text(f"interrupted after writing {shown(invocation.committed[-1])}"), soft_wrap=True)
         else:
             err.print("interrupted: nothing was written to the output folder")
         sys.exit(128 + exc.signum)
     except TemperError as exc:
-        if session.debug:
+        if invocation.debug:
             raise
         err.print(Text.assemble(("error: ", "red"), str(exc)), soft_wrap=True)
         sys.exit(exc.exit_code)

@@ -20,10 +20,10 @@ from temper.pipeline.cache import StepCache
 from temper.pipeline.cli.common import (
     CacheOpt,
     Display,
+    Invocation,
     OutputOpt,
     RecipeArg,
     RequireOpt,
-    Session,
     TrackingOpt,
     absolute,
     app,
@@ -36,6 +36,7 @@ from temper.pipeline.cli.common import (
     shown,
     step_cache,
 )
+from temper.pipeline.decoders.loading import is_decoder
 from temper.pipeline.loading import LoadedRecipe, load_recipe
 from temper.pipeline.runner import ModelRecord, Runner, RunResult
 
@@ -65,13 +66,17 @@ def run(
 ) -> None:
     """Build the baseline and every candidate, validate them against the recipe's gates, write the output
     folder, and publish the selected candidate when the recipe has a publish section and the gates hold."""
+    if is_decoder(recipe):  # `kind: decoder`: a causal LM's own flow (pipeline/decoders/)
+        from temper.pipeline.cli.decoder import run_decoder
+
+        raise typer.Exit(run_decoder(recipe, output, cache_dir, no_cache, require, allow_build_errors))
     loaded = load_recipe(recipe)
     begin = time.perf_counter()
     with progress() as shown_progress:
         outcome = flow.run(loaded, output or (Path("out") / loaded.recipe.name).resolve(),
                            step_cache(cache_dir, not no_cache), require=require, tracking=tracking_uri,
                            observer=Display(shown_progress), allow_build_errors=allow_build_errors,
-                           committed=ctx.ensure_object(Session).committed,
+                           committed=ctx.ensure_object(Invocation).committed,
                            notify=lambda line: shown_progress.console.print(notice(line), soft_wrap=True))
     assert outcome.result is not None
     out.print(_summary(outcome.result))

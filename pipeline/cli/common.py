@@ -17,10 +17,10 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from temper.artifacts import native_logs
-from temper.artifacts.errors import unwritable
-from temper.artifacts.folders import require_writable
-from temper.artifacts.versions import require_one_runtime
+from temper.artifacts.core import native_logs
+from temper.artifacts.core.errors import unwritable
+from temper.artifacts.core.folders import require_writable
+from temper.artifacts.core.versions import require_one_runtime
 from temper.pipeline.cache import StepCache, default_root
 from temper.pipeline.runner import ModelRecord
 
@@ -30,7 +30,7 @@ err = Console(stderr=True)
 
 
 @dataclass
-class Session:
+class Invocation:
     """What one `temper` invocation knows about itself, handed to the commands as typer's ctx.obj:
     main() creates it and reads it back for the line an error or interruption ends with."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from temper.artifacts.errors import RecipeError
+from temper.artifacts.core.errors import RecipeError
 
 
 def beside(dest: Path) -> Path:
@@ -24,7 +24,7 @@ def beside(dest: Path) -> Path:
 def apart(manifests: Path, dest: Path) -> None:
     """Refuse a --manifests folder that is the repository, lies in it or holds it: its model folder would replace
     the repository's (every version), or Triton would take it for a model."""
-    from temper.artifacts.folders import overlap
+    from temper.artifacts.core.folders import overlap
 
     relation = overlap(manifests, dest)
     if relation is not None:
@@ -37,7 +37,7 @@ def unowned(flag: str, given: Path, folder: Path | None = None, only: str | None
     """Refuse writing into a folder another temper command owns (its marker says which): `given` (what `flag`
     names) or a folder above it, which that command replaces whole when it runs again; with `only`, `folder`
     (the model's folder in `given`) may be new, empty or that command's own only."""
-    from temper.artifacts.folders import WRITERS, owned_above, owner
+    from temper.artifacts.core.folders import WRITERS, owned_above, owner
 
     if folder is not None:
         wrote = owner(folder)

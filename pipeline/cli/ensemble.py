@@ -1,4 +1,4 @@
-"""`temper export-ensemble`: a Triton ensemble chaining models of a model repository (artifacts/triton_ensemble.py),
+"""`temper export-ensemble`: a Triton ensemble chaining models of a model repository (artifacts/triton/ensemble.py),
 which Triton runs and `temper serve REPO` serves. Kept apart from deploy.py, which holds the other serving
 commands."""
 
@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from temper.artifacts.errors import RecipeError, first_line
+from temper.artifacts.core.errors import RecipeError, first_line
 from temper.pipeline.cli.common import app, number, out
 
 
@@ -24,9 +24,9 @@ def export_ensemble(
 ) -> None:
     """Write a Triton ensemble (config.pbtxt, platform "ensemble") that runs models of a repository one after the
     other, each stage's outputs feeding the next stage's inputs of the same name (docs/serving.md, Ensembles)."""
-    from temper.artifacts.repository import LoadFailed, ModelRepository
-    from temper.artifacts.triton_ensemble import CannotChain
-    from temper.artifacts.triton_ensemble import export_ensemble as write
+    from temper.artifacts.formats.repository import LoadFailed, ModelRepository
+    from temper.artifacts.triton.ensemble import CannotChain
+    from temper.artifacts.triton.ensemble import export_ensemble as write
 
     name, equals, listed = spec.partition("=")
     stages = [stage.strip() for stage in listed.split(",") if stage.strip()]

@@ -1,4 +1,4 @@
-"""What `temper serve MODEL` serves, as artifacts/models.py's Models: one bundle (a run's model, a published or
+"""What `temper serve MODEL` serves, as artifacts/serving/models.py's Models: one bundle (a run's model, a published or
 pulled bundle, models:/...), or a model repository of several; and its model control flags, checked before
 anything loads. Kept apart from deploy.py, which parses the flags and runs the servers."""
 
@@ -9,11 +9,11 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from temper.artifacts.errors import EnvironmentProblem, RecipeError, first_line
+from temper.artifacts.core.errors import EnvironmentProblem, RecipeError, first_line
 
 if TYPE_CHECKING:
-    from temper.artifacts.bundle import ServingConfig
-    from temper.artifacts.models import Models
+    from temper.artifacts.formats.bundle import ServingConfig
+    from temper.artifacts.serving.models import Models
 
 PULL_AGAIN = "pull it again with `temper pull`, or rebuild it with `temper run`"
 # _located: (model folder, its config or None, why it is unchecked or None, the version to serve)
@@ -22,7 +22,7 @@ Located = Callable[[str, "str | None"], AbstractContextManager[tuple[Path, "Serv
 
 def checked_control(model: str, control: str, load_model: list[str]) -> None:
     """The model control flags as Triton takes them: a mode it knows, --load-model only in explicit mode, '*' alone."""
-    from temper.artifacts.models import EVERY, MODES
+    from temper.artifacts.serving.models import EVERY, MODES
 
     if control not in MODES:
         raise RecipeError(model, "--model-control-mode", f"must be one of {', '.join(MODES)}, got {control!r}")
@@ -40,8 +40,8 @@ def loaded_models(model: str, tracking: str | None, control: str, load_model: li
     """(the Models to serve, a phrase naming what is served). A repository's models are built by the server's
     start-up (their failures end it); a single bundle's Runtime is built here, so a bundle that cannot load is
     one line, exit 2, before any port is served."""
-    from temper.artifacts.models import EVERY, Models
-    from temper.artifacts.repository import LoadFailed, ModelRepository, NeedsSchema
+    from temper.artifacts.formats.repository import LoadFailed, ModelRepository, NeedsSchema
+    from temper.artifacts.serving.models import EVERY, Models
 
     path = Path(model)
     if not model.startswith("models:/") and ModelRepository.recognizes(path):
@@ -75,9 +75,9 @@ def loaded_models(model: str, tracking: str | None, control: str, load_model: li
 
 
 def _with_backup(model: str, folder: Path, models: Models, instances: int | None, target_ms: float) -> str:
-    """Attach the burst fallback's backup model (artifacts/fallback.py) to the one model served."""
-    from temper.artifacts.fallback import BurstFallback, backup_folder
-    from temper.artifacts.runtime import Runtime
+    """Attach the burst fallback's backup model (artifacts/serving/fallback.py) to the one model served."""
+    from temper.artifacts.serving.fallback import BurstFallback, backup_folder
+    from temper.artifacts.serving.runtime import Runtime
     from temper.pipeline.outputs import MANIFEST, backup_of, servable
 
     only = models.only()
@@ -106,7 +106,7 @@ def _check_backup(model: str, folder: Path, found: Path) -> None:
     """A published bundle's backup/ model checked against the manifest it ships: the sha256 recorded for the pair its
     report.json names as the backup (the fastest other that passed every gate, pipeline/outputs.py backup_of). A
     bundle without a manifest (made by hand) serves its backup as it is, as it does its model."""
-    from temper.artifacts.integrity import REPORT, Mismatch, check_model, read_manifest
+    from temper.artifacts.formats.integrity import REPORT, Mismatch, check_model, read_manifest
     from temper.pipeline.outputs import MANIFEST, backup_of
 
     if not (folder / MANIFEST).is_file() or not (folder / REPORT).is_file():
@@ -126,9 +126,9 @@ def _single(model: str, folder: Path, config: ServingConfig | None, unchecked: s
             warn: Callable[[str | None], None]) -> tuple[Models, str]:
     import psutil
 
-    from temper.artifacts.bundle import read
-    from temper.artifacts.models import EVERY, Models
-    from temper.artifacts.runtime import Runtime
+    from temper.artifacts.formats.bundle import read
+    from temper.artifacts.serving.models import EVERY, Models
+    from temper.artifacts.serving.runtime import Runtime
 
     try:
         _routable_name(str(folder / "runtime.json"), (config or read(folder)).name)
@@ -154,7 +154,7 @@ def _single(model: str, folder: Path, config: ServingConfig | None, unchecked: s
 
 def _routable_name(where: str, name: str) -> None:
     """Refuse, before loading, a model whose name no REST route can reach."""
-    from temper.artifacts.protocol import unroutable
+    from temper.artifacts.serving.protocol import unroutable
 
     why = unroutable(name)
     if why is not None:

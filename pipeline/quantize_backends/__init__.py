@@ -7,7 +7,7 @@
 - `modelopt.py` — NVIDIA ModelOpt's ONNX PTQ; `nncf.py` — Intel NNCF's (optional extras).
 
 A new backend is its module (options model + `Backend`), its entry in BACKENDS and its extra in
-pyproject.toml; its `libraries` (rows of artifacts/distributions.py) join every step's cache key.
+pyproject.toml; its `libraries` (rows of artifacts/core/distributions.py) join every step's cache key.
 `QuantizeOptions`, the recipe's `quantize:` model, is the union of the backends' options models,
 told apart by `backend` (ort when unset).
 """

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from temper.artifacts.layout import Layout
-from temper.artifacts.onnx_io import Batch
-from temper.artifacts.strict import Strict
+from temper.artifacts.core.layout import Layout
+from temper.artifacts.core.onnx_io import Batch
+from temper.artifacts.core.strict import Strict
 from temper.pipeline import presets
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class Backend(Protocol[Options]):
 
     @property
     def libraries(self) -> tuple[str, ...]:
-        """Its libraries, as artifacts/distributions.py's table names them: part of every step's cache key."""
+        """Its libraries, as artifacts/core/distributions.py's table names them: part of every step's cache key."""
         ...
 
     def require(self) -> Any:

@@ -14,7 +14,7 @@ from types import TracebackType
 
 import onnx
 
-from temper.artifacts.errors import OptionError, StepFailed, TemperError, first_line
+from temper.artifacts.core.errors import OptionError, StepFailed, TemperError, first_line
 
 PREPROCESS_OFF = ("set preprocess: false on this quantize step to quantize the graph as it is (the cost: no fused "
                   "ops and no inferred shapes, so tensors of unknown shape stay float and the INT8 model is often "

@@ -16,10 +16,10 @@ import numpy as np
 import onnx
 from pydantic import Field, field_validator, model_validator
 
-from temper.artifacts import onnx_io
-from temper.artifacts.errors import EnvironmentProblem, OptionError, StepFailed
-from temper.artifacts.layout import AXIS0, Layout
-from temper.artifacts.onnx_io import Batch
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import EnvironmentProblem, OptionError, StepFailed
+from temper.artifacts.core.layout import AXIS0, Layout
+from temper.artifacts.core.onnx_io import Batch
 from temper.pipeline import presets
 from temper.pipeline.quantize_backends.base import Job, QuantizeCommon, library_missing
 

@@ -16,10 +16,10 @@ from typing import Any, ClassVar, Literal
 import onnx
 from pydantic import Field, field_validator, model_validator
 
-from temper.artifacts import onnx_io
-from temper.artifacts.errors import EnvironmentProblem, OptionError
-from temper.artifacts.layout import AXIS0
-from temper.artifacts.onnx_io import Batch
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import EnvironmentProblem, OptionError
+from temper.artifacts.core.layout import AXIS0
+from temper.artifacts.core.onnx_io import Batch
 from temper.pipeline import presets
 from temper.pipeline.quantize_backends.base import Job, QuantizeCommon, library_missing, quiet_logger
 

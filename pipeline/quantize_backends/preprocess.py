@@ -16,7 +16,7 @@ from pathlib import Path
 import onnx
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from temper.artifacts.errors import OptionError
+from temper.artifacts.core.errors import OptionError
 from temper.pipeline.quantize_backends import failures
 
 

@@ -13,7 +13,7 @@ import onnx
 from onnxruntime.quantization import QuantType, quantize_dynamic
 from onnxruntime.quantization.registry import IntegerOpsRegistry
 
-from temper.artifacts import onnx_io
+from temper.artifacts.core import onnx_io
 from temper.pipeline.quantize_backends import failures, preprocess
 
 if TYPE_CHECKING:

@@ -29,11 +29,11 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.calibrate import load_tensors_data
 from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
 
-from temper.artifacts import onnx_io
-from temper.artifacts.errors import OptionError, StepFailed, first_line
-from temper.artifacts.host import profile
-from temper.artifacts.integrity import content_digests
-from temper.artifacts.onnx_io import Batch
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import OptionError, StepFailed, first_line
+from temper.artifacts.core.host import profile
+from temper.artifacts.core.onnx_io import Batch
+from temper.artifacts.formats.integrity import content_digests
 from temper.pipeline.quantize_backends import entropy, failures, preprocess
 
 if TYPE_CHECKING:

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from temper.artifacts.errors import OptionError, StepFailed, close_names
-from temper.artifacts.layout import Layout
-from temper.artifacts.onnx_io import Batch
+from temper.artifacts.core.errors import OptionError, StepFailed, close_names
+from temper.artifacts.core.layout import Layout
+from temper.artifacts.core.onnx_io import Batch
 from temper.pipeline.input_layout import layout_of
 from temper.pipeline.recipe import InputSpec
 

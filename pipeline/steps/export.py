@@ -12,9 +12,9 @@ import numpy as np
 import onnx
 import torch
 
-from temper.artifacts import onnx_io
-from temper.artifacts.errors import OptionError, StepFailed, first_line
-from temper.artifacts.onnx_io import Batch
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import OptionError, StepFailed, first_line
+from temper.artifacts.core.onnx_io import Batch
 from temper.pipeline.input_layout import layout_of
 from temper.pipeline.quantize_backends.base import quiet_logger
 from temper.pipeline.recipe import ModelSpec

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import onnx
 
-from temper.artifacts.errors import OptionError, StepFailed, first_line
-from temper.artifacts.onnx_io import dims, load_structure, save
+from temper.artifacts.core.errors import OptionError, StepFailed, first_line
+from temper.artifacts.core.onnx_io import dims, load_structure, save
 from temper.pipeline.step_options import FixShapesOptions
 from temper.pipeline.steps.base import Step, StepContext
 

@@ -18,8 +18,8 @@ from onnx import TensorProto
 from onnxruntime.transformers.float16 import convert_float_to_float16
 from onnxruntime.transformers.onnx_model import OnnxModel
 
-from temper.artifacts.errors import OptionError, StepFailed, close_names, first_line
-from temper.artifacts.onnx_io import Batch, fit_batch, load_structure, save, session
+from temper.artifacts.core.errors import OptionError, StepFailed, close_names, first_line
+from temper.artifacts.core.onnx_io import Batch, fit_batch, load_structure, save, session
 from temper.pipeline.step_options import Fp16Options
 from temper.pipeline.steps.base import Step, StepContext, require_known
 from temper.pipeline.steps.tensor_probe import Probe, Saved, chunks, dims_of, named_dims

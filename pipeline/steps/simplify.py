@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from temper.artifacts import native_logs
-from temper.artifacts.errors import StepFailed, first_line
-from temper.artifacts.onnx_io import dims, fit_batch, load_structure, save, session
+from temper.artifacts.core import native_logs
+from temper.artifacts.core.errors import StepFailed, first_line
+from temper.artifacts.core.onnx_io import dims, fit_batch, load_structure, save, session
 from temper.pipeline.step_options import SimplifyOptions
 from temper.pipeline.steps.base import Step, StepContext
 

@@ -28,8 +28,8 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnxruntime.quantization.calibrate import CalibraterBase
 
-from temper.artifacts import native_logs
-from temper.artifacts.onnx_io import Batch
+from temper.artifacts.core import native_logs
+from temper.artifacts.core.onnx_io import Batch
 
 _SAVED = "_TemperProbeOutput"
 _FLAT = "TemperProbeFlatShape"

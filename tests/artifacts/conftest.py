@@ -9,8 +9,8 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 
-from temper.artifacts import bundle
-from temper.artifacts.runtime import Runtime
+from temper.artifacts.formats import bundle
+from temper.artifacts.serving.runtime import Runtime
 from tests.artifacts.repositories import make_repository, references
 from tests.artifacts.servers import MODEL, Client, Served, _bundle, _tiny_model
 

@@ -11,8 +11,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts.triton import export_repository
-from temper.artifacts.triton_ensemble import export_ensemble
+from temper.artifacts.triton.config import export_repository
+from temper.artifacts.triton.ensemble import export_ensemble
 from tests.artifacts.servers import _bundle
 from tests.artifacts.test_perf_analyzer import _cnn
 

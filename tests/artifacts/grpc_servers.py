@@ -15,8 +15,8 @@ tritongrpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402 - after the skip when tritonclient is missing
 from tritonclient.grpc import service_pb2_grpc as pb_grpc  # noqa: E402
 
-from temper.artifacts.grpc_server import GrpcServer  # noqa: E402
-from temper.artifacts.runtime import Runtime  # noqa: E402
+from temper.artifacts.serving.grpc_server import GrpcServer  # noqa: E402
+from temper.artifacts.serving.runtime import Runtime  # noqa: E402
 from tests.artifacts.servers import MODEL, _bundle, _tiny_model  # noqa: E402
 
 

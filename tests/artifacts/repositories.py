@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from temper.artifacts.models import Models, _build
-from temper.artifacts.repository import ModelRepository, Source
-from temper.artifacts.runtime import Runtime
-from temper.artifacts.triton import export_repository
+from temper.artifacts.formats.repository import ModelRepository, Source
+from temper.artifacts.serving.models import Models, _build
+from temper.artifacts.serving.runtime import Runtime
+from temper.artifacts.triton.config import export_repository
 from tests.artifacts.servers import MODEL, _bundle, _tiny_model
 
 OTHER = "other"

@@ -10,8 +10,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts.bundle import config_for, write
-from temper.artifacts.runtime import Runtime
+from temper.artifacts.formats.bundle import config_for, write
+from temper.artifacts.serving.runtime import Runtime
 
 WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
 EMBEDDINGS = np.random.default_rng(1).standard_normal((10, 3)).astype(np.float32)

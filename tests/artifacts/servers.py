@@ -25,10 +25,10 @@ from onnx import TensorProto, helper, numpy_helper
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from temper.artifacts import bundle
-from temper.artifacts.runtime import Runtime
-from temper.artifacts.server import InferenceServer
-from tests.conftest import REPO
+from temper.artifacts.formats import bundle
+from temper.artifacts.serving.runtime import Runtime
+from temper.artifacts.serving.server import InferenceServer
+from tests.helpers import REPO
 
 MODEL = "tiny"
 MAX_BODY = 1024 * 1024

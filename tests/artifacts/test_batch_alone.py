@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from temper.artifacts import bundle
+from temper.artifacts.formats import bundle
 from tests.artifacts.composition_models import LOUD, WIDTH, dynamic_twin, matmul_model
 from tests.artifacts.servers import Client, _binary_outputs, _counter, _families, _metrics, _temper_serve
 

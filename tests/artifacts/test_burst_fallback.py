@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts import bundle
+from temper.artifacts.formats import bundle
 from tests.artifacts.servers import Client, _counter, _free_port, _metrics, _temper_serve
 
 WIDTH = 256
@@ -196,7 +196,7 @@ def test_the_rows_of_a_running_batch_count_against_the_target():
     alone, p99 during a burst at 2.5x the target)."""
     from concurrent.futures import Future
 
-    from temper.artifacts.fallback import BurstFallback
+    from temper.artifacts.serving.fallback import BurstFallback
 
     fallback = BurstFallback(_Primary(), _Primary(), target_ms=50)  # type: ignore[arg-type]
     assert fallback.estimate_ms() == pytest.approx(10)  # idle: its own row
@@ -219,8 +219,8 @@ def test_the_rows_that_will_join_its_batch_count_too(monkeypatch):
     at max_rows): 200 ms, where counting only the rows ahead reads 50 ms and keeps it on the primary."""
     from concurrent.futures import Future
 
-    from temper.artifacts import fallback as module
-    from temper.artifacts.fallback import BurstFallback
+    from temper.artifacts.serving import fallback as module
+    from temper.artifacts.serving.fallback import BurstFallback
 
     clock = [100.0]
     monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])

@@ -22,9 +22,9 @@ import tritonclient.http as tritonhttp  # noqa: E402
 import tritonclient.utils.shared_memory as shm  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from temper.artifacts.client_shm import ClientRegions  # noqa: E402
-from temper.artifacts.grpc_server import GrpcServer  # noqa: E402
-from temper.artifacts.runtime import Runtime  # noqa: E402
+from temper.artifacts.serving.client_shm import ClientRegions  # noqa: E402
+from temper.artifacts.serving.grpc_server import GrpcServer  # noqa: E402
+from temper.artifacts.serving.runtime import Runtime  # noqa: E402
 from tests.artifacts.servers import MODEL, Served, _expected, _inputs  # noqa: E402
 
 PROTOCOLS = ["http", "grpc"]

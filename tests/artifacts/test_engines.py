@@ -17,10 +17,10 @@ import pytest
 from pydantic import TypeAdapter
 
 from temper.artifacts import engines
+from temper.artifacts.core.errors import EnvironmentProblem
 from temper.artifacts.engines import ENGINES, Settings
 from temper.artifacts.engines.onnxruntime import SessionSettings, provider_chain
 from temper.artifacts.engines.providers import CUDA, PROVIDERS, EngineName
-from temper.artifacts.errors import EnvironmentProblem
 from tests.artifacts.runtimes import linear_model
 
 REPO = Path(__file__).resolve().parents[2]

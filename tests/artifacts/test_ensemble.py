@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from temper.artifacts.ensemble_runtime import Ensemble
-from temper.artifacts.errors import RequestError
-from temper.artifacts.models import Models
-from temper.artifacts.repository import LoadFailed, ModelRepository
-from temper.artifacts.tensor_memory import Region
+from temper.artifacts.core.errors import RequestError
+from temper.artifacts.formats.repository import LoadFailed, ModelRepository
+from temper.artifacts.serving.ensemble_runtime import Ensemble
+from temper.artifacts.serving.models import Models
+from temper.artifacts.serving.tensor_memory import Region
 from tests.artifacts.ensembles import CNN, NORMALIZE, PIPELINE, Chained, make_pipeline_repository, pixels
 
 

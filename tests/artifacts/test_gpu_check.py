@@ -36,6 +36,7 @@ def test_the_cpu_dry_run_writes_measured_figures(tmp_path: Path) -> None:
     _temper_run(digits["temper"])
     _ceiling(digits)
     _served(digits["serve"], digits["temper"])
+    _graphs(digits["cuda_graphs"], digits["serve"]["bundle"])
 
 
 def _temper_run(run: dict[str, Any]) -> None:
@@ -93,3 +94,15 @@ def _served(serve: dict[str, Any], run: dict[str, Any]) -> None:
     assert [samples[0]["requests"], samples[-1]["requests"]] == [0, 200]
     assert len(samples) == 11 and all(s["rss_mib"] > 0 for s in samples)  # the start, every 20 requests, the end
     assert isinstance(soak["rss_mib_flat"], bool) and "gpu_mib_flat" not in soak
+
+
+def _graphs(graphs: dict[str, Any], bundle: dict[str, Any]) -> None:
+    """Off and on read back as asked, answer alike and are both timed, with on's speedup interval over off."""
+    assert graphs["model"] == str(Path(bundle["model_folder"]) / "model.onnx")
+    assert graphs["settings"]["off"].get("cuda_graph", False) is False and graphs["settings"]["on"]["cuda_graph"]
+    assert set(graphs["batches"]) == set(BATCHES)
+    for entry in graphs["batches"].values():
+        assert entry["replay_check"] == "passed" and entry["equal"] and entry["max_abs_difference"] == 0
+        assert entry["off_samples_per_s"] > 0 and entry["on_samples_per_s"] > 0
+        low, high = entry["speedup_interval"]
+        assert 0 < low <= entry["speedup"] <= high and entry["rounds"] >= 5

@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 from tests.artifacts import grpc_servers  # noqa: E402
 from tests.artifacts.grpc_servers import _correct, _infer  # noqa: E402
 from tests.artifacts.servers import _expected, _free_port, _inputs  # noqa: E402
-from tests.conftest import REPO  # noqa: E402
+from tests.helpers import REPO  # noqa: E402
 
 # the gRPC fixtures, over conftest.py's HTTP ones of the same names
 tiny = grpc_servers.tiny
@@ -60,7 +60,7 @@ def test_temper_serve_with_grpc_port(tiny: Path, reference: ort.InferenceSession
 def test_grpc_port_without_grpc_installed_is_one_line_exit_3(temper, tiny: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "grpc", None)  # `import grpc` now fails as if it were not installed
-    monkeypatch.delitem(sys.modules, "temper.artifacts.grpc_server")
+    monkeypatch.delitem(sys.modules, "temper.artifacts.serving.grpc_server")
     result = temper("serve", tiny, "--grpc-port", "8101")
     lines = result.stderr.strip().splitlines()
     assert result.code == 3 and len(lines) == 1, result.stderr

@@ -18,9 +18,9 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("tritonclient.grpc")
-from temper.artifacts.grpc_limits import most_waiting  # noqa: E402 - after the skip
-from temper.artifacts.grpc_server import SPARE_RPCS, GrpcServer  # noqa: E402
-from temper.artifacts.runtime import Runtime  # noqa: E402
+from temper.artifacts.serving.grpc_limits import most_waiting  # noqa: E402 - after the skip
+from temper.artifacts.serving.grpc_server import SPARE_RPCS, GrpcServer  # noqa: E402
+from temper.artifacts.serving.runtime import Runtime  # noqa: E402
 from tests.artifacts import grpc_servers  # noqa: E402
 from tests.artifacts.grpc_servers import _triton_inputs, tritongrpc  # noqa: E402
 from tests.artifacts.servers import MODEL, _bundle, _expected, _inputs, _tiny_model  # noqa: E402

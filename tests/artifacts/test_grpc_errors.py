@@ -20,8 +20,8 @@ tritongrpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402 - after the skip when tritonclient is missing
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from temper.artifacts.grpc_server import GrpcServer  # noqa: E402
-from temper.artifacts.runtime import Runtime  # noqa: E402
+from temper.artifacts.serving.grpc_server import GrpcServer  # noqa: E402
+from temper.artifacts.serving.runtime import Runtime  # noqa: E402
 from tests.artifacts import grpc_servers  # noqa: E402
 from tests.artifacts.grpc_servers import (  # noqa: E402
     GrpcServed,

@@ -15,8 +15,8 @@ from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from temper.artifacts.runtime import Runtime  # noqa: E402
-from temper.artifacts.triton_extensions import model_config, statistics  # noqa: E402
+from temper.artifacts.serving.runtime import Runtime  # noqa: E402
+from temper.artifacts.serving.triton_extensions import model_config, statistics  # noqa: E402
 from tests.artifacts import grpc_servers  # noqa: E402
 from tests.artifacts.grpc_servers import GrpcServed, _infer, _outputs, _raw_request  # noqa: E402
 from tests.artifacts.servers import MODEL, _expected, _inputs  # noqa: E402

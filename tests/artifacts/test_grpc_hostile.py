@@ -15,8 +15,8 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("tritonclient.grpc")
-from temper.artifacts.grpc_server import SPARE_RPCS, GrpcServer  # noqa: E402 - after the skip
-from temper.artifacts.runtime import Runtime  # noqa: E402
+from temper.artifacts.serving.grpc_server import SPARE_RPCS, GrpcServer  # noqa: E402 - after the skip
+from temper.artifacts.serving.runtime import Runtime  # noqa: E402
 from tests.artifacts import grpc_servers  # noqa: E402
 from tests.artifacts.grpc_servers import GrpcServed, _correct, _infer, pb, tritongrpc  # noqa: E402
 from tests.artifacts.servers import MODEL, _bundle, _expected, _inputs, _tiny_model  # noqa: E402

@@ -17,7 +17,7 @@ pytest.importorskip("grpc")
 tritongrpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from temper.artifacts.runtime import Runtime  # noqa: E402
+from temper.artifacts.serving.runtime import Runtime  # noqa: E402
 from tests.artifacts import grpc_servers  # noqa: E402
 from tests.artifacts.grpc_servers import (  # noqa: E402
     GrpcServed,

@@ -17,7 +17,7 @@ grpc = pytest.importorskip("grpc")
 tritongrpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
-from temper.artifacts.runtime import Runtime  # noqa: E402
+from temper.artifacts.serving.runtime import Runtime  # noqa: E402
 from tests.artifacts import grpc_servers  # noqa: E402
 from tests.artifacts.grpc_servers import GrpcServed, _correct, _triton_inputs, _typed_request  # noqa: E402
 from tests.artifacts.servers import MODEL, _bundle, _expected, _inputs, _tiny_model  # noqa: E402

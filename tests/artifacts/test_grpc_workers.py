@@ -13,8 +13,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from temper.artifacts import bundle
-from temper.artifacts.runtime import Runtime
+from temper.artifacts.formats import bundle
+from temper.artifacts.serving.runtime import Runtime
 from tests.artifacts import grpc_servers
 from tests.artifacts.grpc_servers import GrpcServed, _infer
 from tests.artifacts.servers import _expected, _inputs

@@ -16,13 +16,14 @@ import mlflow
 import onnxruntime
 import pytest
 
-from temper.artifacts import bundle, host
-from temper.artifacts.host import X86_FEATURES, HostProfile, LoadMeter, _cgroup_quota, parse_cpuinfo
-from temper.artifacts.pyfunc import TemperModel
-from temper.artifacts.runtime import Runtime
+from temper.artifacts.core import host
+from temper.artifacts.core.host import X86_FEATURES, HostProfile, LoadMeter, _cgroup_quota, parse_cpuinfo
+from temper.artifacts.formats import bundle
+from temper.artifacts.registry.pyfunc import TemperModel
+from temper.artifacts.serving.runtime import Runtime
 from tests.artifacts.runtimes import linear_model
 from tests.artifacts.servers import _free_port, _wait_ready
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 XEON = """\
 processor	: 0

@@ -11,10 +11,11 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from temper.artifacts import bundle, versions
-from temper.artifacts.integrity import Mismatch
-from temper.artifacts.pyfunc import log_bundle
-from temper.artifacts.runtime import Runtime
+from temper.artifacts.core import versions
+from temper.artifacts.formats import bundle
+from temper.artifacts.formats.integrity import Mismatch
+from temper.artifacts.registry.pyfunc import log_bundle
+from temper.artifacts.serving.runtime import Runtime
 from tests.artifacts.servers import MODEL, _temper_serve
 from tests.artifacts.test_server_cli import _refused, _run_output
 
@@ -154,7 +155,7 @@ def test_a_run_s_selected_model_exported_to_a_repository_stays_checkable(temper,
     """export-triton OUTPUT carries the run's manifest and report into the version folder, so serving the
     repository checks the model's sha256 (a file swapped there is refused); another candidate of the run has
     no report naming it: exported without them, and served with the unchecked warning."""
-    from temper.artifacts.integrity import check_bundle
+    from temper.artifacts.formats.integrity import check_bundle
 
     output = _run_output(tmp_path / "run", tiny, "int8", None)
     assert temper("export-triton", output, "--dest", tmp_path / "repo").code == 0

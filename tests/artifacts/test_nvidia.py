@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from temper.artifacts import host, nvidia
-from temper.artifacts.errors import EnvironmentProblem
-from temper.artifacts.nvidia import Card, Facts, check_driver, parse_smi, read_facts, require_gpu
+from temper.artifacts.core import host, nvidia
+from temper.artifacts.core.errors import EnvironmentProblem
+from temper.artifacts.core.nvidia import Card, Facts, check_driver, parse_smi, read_facts, require_gpu
 from tests.artifacts.fake_site import (
     A100_R570,
     H200,
@@ -29,7 +29,7 @@ from tests.artifacts.fake_site import (
 
 H200_FACTS = Facts(cards=(Card("NVIDIA H200", "9.0", "580.159.03"),), smi=None, onnxruntime_gpu="1.31.1",
                    cuda="13.0", cuda_runtime="13.0.96", cudnn="9.20.0.48", tensorrt="10.16.1.11", tensorrt_needed=10)
-PROBE = ("import json, sys; from temper.artifacts import nvidia, host\n"
+PROBE = ("import json, sys; from temper.artifacts.core import nvidia, host\n"
          "facts = nvidia.read_facts(); p = host.profile()\n"
          "out = {'summary': nvidia.summary(facts), 'host': p.model_dump(), 'refused': {}}\n"
          "for provider in ('cpu', 'cuda', 'tensorrt'):\n"

@@ -17,14 +17,14 @@ import psutil
 import pytest
 from google.protobuf import text_format
 
-from temper.artifacts import bundle
+from temper.artifacts.core.errors import EnvironmentProblem
+from temper.artifacts.core.host import profile, usable_cores
 from temper.artifacts.engines.openvino import OpenVinoSettings, open_engine
 from temper.artifacts.engines.providers import BF16_FLAGS
-from temper.artifacts.errors import EnvironmentProblem
-from temper.artifacts.host import profile, usable_cores
-from temper.artifacts.pyfunc import pinned_requirements
-from temper.artifacts.runtime import Runtime
-from temper.artifacts.triton import export_repository
+from temper.artifacts.formats import bundle
+from temper.artifacts.registry.pyfunc import pinned_requirements
+from temper.artifacts.serving.runtime import Runtime
+from temper.artifacts.triton.config import export_repository
 from tests.artifacts.servers import (
     MODEL,
     Client,
@@ -127,7 +127,7 @@ def test_an_openvino_pick_runs_in_isolated_workers_that_restart_with_its_setting
         assert runtime.pool is not None and runtime.engine == "openvino" and runtime.engine_settings == GATED
         instance = runtime.pool.instances[0]
         worker = psutil.Process(instance.pid)
-        assert "temper.artifacts.worker" in " ".join(worker.cmdline())
+        assert "temper.artifacts.serving.worker" in " ".join(worker.cmdline())
         assert any("openvino" in m.path for m in worker.memory_maps())  # the engine is loaded in the worker
         http = Client(served.port)
         try:

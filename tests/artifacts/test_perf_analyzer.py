@@ -28,7 +28,7 @@ tritongrpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from tests.artifacts.servers import _bundle, _free_port  # noqa: E402
-from tests.conftest import REPO  # noqa: E402
+from tests.helpers import REPO  # noqa: E402
 
 MODEL = "digits-cnn"
 
@@ -137,7 +137,7 @@ def test_perf_analyzer_over_grpc_on_bundles_that_record_their_session(perf_analy
     as a map, which perf_analyzer -i grpc reads before its first request (it exited 99 while they were a list).
     Served as the bundle itself and as the repository export-triton writes of it."""
     from temper.artifacts.engines.onnxruntime import SessionSettings
-    from temper.artifacts.triton import export_repository
+    from temper.artifacts.triton.config import export_repository
 
     recorded = SessionSettings(intra_op_threads=1, graph_optimization="extended")
     bundle = _bundle(tmp_path / "bundle", _cnn(tmp_path / "cnn.onnx"), MODEL, session=recorded)

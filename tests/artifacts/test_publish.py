@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 
 
 def _client(uri: str) -> MlflowClient:
@@ -95,7 +95,7 @@ def test_when_no_candidate_passes_the_baseline_is_published_with_the_reason(temp
 
 @pytest.mark.slow
 def test_the_measuring_host_travels_with_the_published_model(temper, gated_digits, tmp_path, tracking_store):
-    from temper.artifacts.host import profile
+    from temper.artifacts.core.host import profile
 
     out = tmp_path / "out"
     assert temper("run", gated_digits, "--output", out).code == 0
@@ -219,7 +219,7 @@ def test_the_backup_model_travels_with_the_published_bundle(temper, gated_digits
     """A run whose selection has a peer that passed every gate on its engine publishes that peer in the bundle's
     backup/ (the model its output folder's burst fallback would use), checked against the manifest, and
     `temper serve models:/NAME@ALIAS --burst-fallback-ms` serves with it; a tampered backup is refused."""
-    from temper.artifacts.integrity import recorded, sha256_of
+    from temper.artifacts.formats.integrity import recorded, sha256_of
     from temper.pipeline.outputs import backup_of
     from tests.artifacts.servers import Client, _temper_serve
 

@@ -24,10 +24,10 @@ import pytest
 from mlflow.exceptions import MlflowException
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts.bundle import config_for, write
-from temper.artifacts.pyfunc import as_inputs, conform, log_bundle
-from temper.artifacts.runtime import RequestError, Runtime
-from tests.conftest import REPO
+from temper.artifacts.formats.bundle import config_for, write
+from temper.artifacts.registry.pyfunc import as_inputs, conform, log_bundle
+from temper.artifacts.serving.runtime import RequestError, Runtime
+from tests.helpers import REPO
 
 WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
 
@@ -35,8 +35,8 @@ LOAD_AND_PREDICT = """
 import sys, mlflow, numpy as np, pandas as pd
 import artifacts  # the serving application's own module of that name, loaded first
 model = mlflow.pyfunc.load_model("models:/tiny/1")
-import temper.artifacts.pyfunc
-print(temper.artifacts.pyfunc.__file__)
+import temper.artifacts.registry.pyfunc
+print(temper.artifacts.registry.pyfunc.__file__)
 inputs = dict(np.load(sys.argv[1]))
 np.save(sys.argv[2], model.predict(inputs)["y"])
 frame = pd.DataFrame({name: list(value.tolist()) for name, value in inputs.items()})

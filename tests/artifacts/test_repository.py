@@ -13,9 +13,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from temper.artifacts.bundle import read
-from temper.artifacts.integrity import check_bundle
-from temper.artifacts.repository import ModelRepository
+from temper.artifacts.formats.bundle import read
+from temper.artifacts.formats.integrity import check_bundle
+from temper.artifacts.formats.repository import ModelRepository
 from tests.artifacts.repositories import OTHER, Gate, models, outputs
 from tests.artifacts.servers import MODEL, Client, Served, _expected, _families, _inputs, _json_request
 

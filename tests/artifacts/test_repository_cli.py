@@ -10,7 +10,7 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 
-from temper.artifacts.folders import mark
+from temper.artifacts.core.folders import mark
 from tests.artifacts.repositories import OTHER, references
 from tests.artifacts.servers import MODEL, Client, _bundle, _free_port, _temper_serve, _tiny_model
 from tests.artifacts.test_server_cli import _infer_checked

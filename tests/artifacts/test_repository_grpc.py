@@ -14,8 +14,8 @@ import pytest
 tritongrpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402 - after the skip when tritonclient is missing
 
-from temper.artifacts.grpc_server import GrpcServer  # noqa: E402
-from temper.artifacts.models import Models  # noqa: E402
+from temper.artifacts.serving.grpc_server import GrpcServer  # noqa: E402
+from temper.artifacts.serving.models import Models  # noqa: E402
 from tests.artifacts.grpc_servers import _triton_inputs  # noqa: E402
 from tests.artifacts.repositories import OTHER, models  # noqa: E402
 from tests.artifacts.servers import MODEL, _expected, _inputs  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
-from temper.artifacts.runtime import Runtime  # noqa: E402
+from temper.artifacts.serving.runtime import Runtime  # noqa: E402
 from tests.artifacts.grpc_servers import GrpcServed  # noqa: E402
 from tests.artifacts.servers import Client, Served, _bundle, _slow_model  # noqa: E402
 

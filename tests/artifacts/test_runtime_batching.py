@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from temper.artifacts.bundle import config_for, write
+from temper.artifacts.core.host import usable_cores
+from temper.artifacts.core.layout import Layout
 from temper.artifacts.engines.onnxruntime import engine_cache
-from temper.artifacts.host import usable_cores
-from temper.artifacts.layout import Layout
-from temper.artifacts.runtime import RequestError, Runtime
+from temper.artifacts.formats.bundle import config_for, write
+from temper.artifacts.serving.runtime import RequestError, Runtime
 from tests.artifacts.runtimes import (
     VAD_AUDIO,
     VAD_STATE,

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from temper.artifacts.runtime import Overloaded, RequestError, RequestTimeout, Stopped
+from temper.artifacts.serving.runtime import Overloaded, RequestError, RequestTimeout, Stopped
 from tests.artifacts.runtimes import linear_model, plain, pooling_model, runtime_for, slow_model
 
 

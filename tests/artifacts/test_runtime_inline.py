@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from temper.artifacts.runtime import INLINE_MAX_MS, RequestError
+from temper.artifacts.serving.runtime import INLINE_MAX_MS, RequestError
 from tests.artifacts.runtimes import WEIGHTS, linear_model, plain, pooling_model, runtime_for, slow_model
 
 

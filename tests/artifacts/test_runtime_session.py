@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from temper.artifacts import bundle
+from temper.artifacts.core.host import usable_cores
 from temper.artifacts.engines.onnxruntime import LEVELS, SPINNING, SessionSettings, open_session, settings_of
 from temper.artifacts.engines.providers import CPU
-from temper.artifacts.host import usable_cores
-from temper.artifacts.runtime import Runtime
-from temper.artifacts.triton import export_repository
+from temper.artifacts.formats import bundle
+from temper.artifacts.serving.runtime import Runtime
+from temper.artifacts.triton.config import export_repository
 from temper.validators.throughput import measure, tuned_session
 from tests.artifacts.runtimes import linear_model
 from tests.unit.reports import read_report

@@ -16,8 +16,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from temper.artifacts import bundle
-from temper.artifacts.host import profile
+from temper.artifacts.core.host import profile
+from temper.artifacts.formats import bundle
 from tests.artifacts.servers import (
     MODEL,
     Client,
@@ -63,7 +63,7 @@ def test_temper_serve_a_registered_model(temper, tiny: Path, reference: ort.Infe
     from mlflow.tracking._model_registry import utils as registry
     from mlflow.tracking._tracking_service import utils as tracking
 
-    from temper.artifacts.pyfunc import log_bundle
+    from temper.artifacts.registry.pyfunc import log_bundle
 
     # set_tracking_uri / set_registry_uri set globals (and MLFLOW_REGISTRY_URI) that would outlive this
     # test: later tests would register into this store

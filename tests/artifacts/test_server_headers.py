@@ -11,7 +11,7 @@ import threading
 import onnxruntime as ort
 import pytest
 
-from temper.artifacts.http_limits import MAX_HEADER_BYTES, MAX_HEADERS
+from temper.artifacts.serving.http_limits import MAX_HEADER_BYTES, MAX_HEADERS
 from tests.artifacts.servers import MODEL, Client, Served, _counter, _expected, _inputs, _json_request, _metrics
 
 

@@ -14,10 +14,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from temper.artifacts import bundle
-from temper.artifacts.http_limits import JSON_BYTES_PER_ELEMENT, MAX_BODY_BYTES, MIN_BODY_BYTES, body_limit
-from temper.artifacts.runtime import Runtime
-from temper.artifacts.server import InferenceServer
+from temper.artifacts.formats import bundle
+from temper.artifacts.serving.http_limits import JSON_BYTES_PER_ELEMENT, MAX_BODY_BYTES, MIN_BODY_BYTES, body_limit
+from temper.artifacts.serving.runtime import Runtime
+from temper.artifacts.serving.server import InferenceServer
 from tests.artifacts.servers import (
     MAX_BODY,
     MODEL,

@@ -20,7 +20,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts.runtime import Runtime
+from temper.artifacts.serving.runtime import Runtime
 from tests.artifacts.servers import (
     Client,
     Served,

@@ -9,9 +9,9 @@ import numpy as np
 import onnxruntime as ort
 from prometheus_client.parser import text_string_to_metric_families
 
-from temper.artifacts import bundle
-from temper.artifacts.runtime import Runtime
-from temper.artifacts.server import InferenceServer
+from temper.artifacts.formats import bundle
+from temper.artifacts.serving.runtime import Runtime
+from temper.artifacts.serving.server import InferenceServer
 from tests.artifacts.servers import (
     MODEL,
     Client,

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from temper.artifacts.runtime import Runtime
+from temper.artifacts.serving.runtime import Runtime
 from tests.artifacts.servers import Client, Served, _bundle, _counter, _families, _metrics, _slow_model
 
 # -- overload and timeout: a model slow enough for the queue to fill ------------------------------

@@ -11,8 +11,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from temper.artifacts.host import usable_cores
-from temper.artifacts.runtime import Runtime
+from temper.artifacts.core.host import usable_cores
+from temper.artifacts.serving.runtime import Runtime
 from tests.artifacts.servers import (
     MODEL,
     Client,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from temper.artifacts.runtime import Runtime
+from temper.artifacts.serving.runtime import Runtime
 from tests.artifacts.servers import MODEL, Client, Served, _inputs
 from tests.pipeline.test_cli_contract import one_line, temper, tiny_recipe
 

@@ -16,7 +16,7 @@ import psutil
 from tests.artifacts.repositories import make_repository
 from tests.artifacts.servers import MODEL, Client, _temper_serve
 
-DEATHS = 3  # artifacts.workers.CRASH_LOOP_DEATHS
+DEATHS = 3  # artifacts.serving.workers.CRASH_LOOP_DEATHS
 
 
 def _workers(repo: Path) -> list[psutil.Process]:
@@ -24,7 +24,7 @@ def _workers(repo: Path) -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter(["cmdline"]):
         line = " ".join(process.info["cmdline"] or [])
-        if "temper.artifacts.worker" in line and str(repo) in line:
+        if "temper.artifacts.serving.worker" in line and str(repo) in line:
             found.append(process)
     return found
 

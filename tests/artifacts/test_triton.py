@@ -12,8 +12,8 @@ import pytest
 from google.protobuf import text_format
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts.bundle import config_for, write
-from temper.artifacts.triton import WARMUP_DIM, export_repository
+from temper.artifacts.formats.bundle import config_for, write
+from temper.artifacts.triton.config import WARMUP_DIM, export_repository
 
 model_config_pb2 = pytest.importorskip(
     "tritonclient.grpc.model_config_pb2", reason="Triton's ModelConfig schema comes with tritonclient[grpc] (dev extra)"
@@ -224,8 +224,8 @@ def test_fixed_batch_dim_means_no_batching(tmp_path: Path) -> None:
 def test_a_batch_off_axis_0_or_a_constant_input_means_no_batching_and_one_line_why(tmp_path: Path) -> None:
     """Silero's layout: state [2, batch, 128] and a constant sr []. Triton batches on axis 0 only and
     knows no default values: max_batch_size 0, full dims, sr reshaped from [1], no zero warm-up."""
-    from temper.artifacts.layout import Layout
-    from temper.artifacts.triton import no_batching
+    from temper.artifacts.core.layout import Layout
+    from temper.artifacts.triton.config import no_batching
     from tests.artifacts.runtimes import vad_model
 
     model = vad_model(tmp_path / "src")

@@ -17,9 +17,9 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from tritonclient.grpc import model_config_pb2
 
-from temper.artifacts import bundle, capacity
+from temper.artifacts.core.host import profile
 from temper.artifacts.engines.onnxruntime import SessionSettings
-from temper.artifacts.host import profile
+from temper.artifacts.formats import bundle, capacity
 from tests.artifacts.servers import _tiny_model
 from tests.artifacts.test_triton_cluster import SCHEMAS, _container, _structural, invalid
 
@@ -144,7 +144,7 @@ def test_the_vendored_schemas_refuse_broken_alerts_and_autoscalers(temper, tmp_p
 
 
 def test_temper_serve_runs_the_measured_configuration(tmp_path: Path) -> None:
-    from temper.artifacts.runtime import Runtime
+    from temper.artifacts.serving.runtime import Runtime
 
     source = _bundle(tmp_path / "cpu", "cpu", threads=1)
     _measured(source)

@@ -15,8 +15,8 @@ import yaml
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-from temper.artifacts import bundle
-from temper.artifacts.triton_cluster import (
+from temper.artifacts.formats import bundle
+from temper.artifacts.triton.cluster import (
     IMAGE,
     BadSetting,
     Cluster,

@@ -1,4 +1,4 @@
-"""`temper export-ensemble` and artifacts/triton_ensemble.py: the ensemble config.pbtxt read back with Triton's own
+"""`temper export-ensemble` and artifacts/triton/ensemble.py: the ensemble config.pbtxt read back with Triton's own
 ModelConfig schema (steps, maps, batching), stages that cannot be chained refused before anything is written, and
 the command's one-line errors."""
 
@@ -10,8 +10,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from temper.artifacts.repository import LoadFailed
-from temper.artifacts.triton_ensemble import CannotChain, export_ensemble
+from temper.artifacts.formats.repository import LoadFailed
+from temper.artifacts.triton.ensemble import CannotChain, export_ensemble
 from tests.artifacts.ensembles import CNN, NORMALIZE, PIPELINE, make_pipeline_repository
 
 

@@ -1,4 +1,4 @@
-"""Isolated inference workers (artifacts/workers.py): a real server whose model runs in worker
+"""Isolated inference workers (artifacts/serving/workers.py): a real server whose model runs in worker
 processes, real concurrent HTTP clients, and real signals sent to a worker while they run.
 
 Every request must be answered, 200 with exactly ONNX Runtime's answer or 503 for the one batch the
@@ -20,8 +20,8 @@ import onnxruntime as ort
 import psutil
 import pytest
 
-from temper.artifacts.runtime import Runtime, default_instances
-from temper.artifacts.tensor_memory import Region
+from temper.artifacts.serving.runtime import Runtime, default_instances
+from temper.artifacts.serving.tensor_memory import Region
 from tests.artifacts.runtimes import linear_model, plain, pooling_model, runtime_for, slow_model
 from tests.artifacts.servers import (
     Client,
@@ -35,7 +35,7 @@ from tests.artifacts.servers import (
     _metrics,
     _wait_ready,
 )
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 CLIENTS, REQUESTS = 8, 40
 MAX_BATCH = 8  # the tiny bundle's max_batch_size (tests/artifacts/conftest.py)
@@ -228,7 +228,7 @@ def test_temper_serve_instances_and_ctrl_c_to_the_whole_group(tiny: Path, refere
     try:
         _wait_ready(process, port)
         workers = [p for p in psutil.Process(process.pid).children(recursive=True)
-                   if "temper.artifacts.worker" in " ".join(p.cmdline())]
+                   if "temper.artifacts.serving.worker" in " ".join(p.cmdline())]
         assert len(workers) == 2
         c = Client(port)
         inputs = _inputs(9, rows=3)

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from temper.artifacts.errors import RecipeError
+from temper.artifacts.core.errors import RecipeError
 from temper.calibration.sources import Dataset, load
 from temper.calibration.spec import DataSource
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 from tests.validators.test_gate_errors import _recipe, _write
 
 TEMPER = str(Path(sys.executable).parent / "temper")

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 from tests.unit.reports import read_report
 
 

@@ -187,7 +187,7 @@ def test_check_then_run_then_validate_evaluate_the_baseline_once(temper, digits_
     kept in the cache's outputs/ by content, each process after the first reads them back."""
     import json
 
-    from tests.conftest import edit_recipe
+    from tests.helpers import edit_recipe
 
     recipe = digits_dir / "digits-cnn.yaml"
 
@@ -235,7 +235,7 @@ def test_candidates_that_differ_in_weight_settings_share_one_calibration(temper,
     """Activation ranges depend on the model, the calibration options and data, never on weight settings:
     a second candidate differing only in per_channel reads the first one's ranges back (`ranges/`), and
     another calibration method is a calibration of its own."""
-    from tests.conftest import edit_recipe
+    from tests.helpers import edit_recipe
 
     recipe = digits_dir / "digits-cnn.yaml"
     static = {"mode": "static", "format": "qdq", "calibration": "minmax"}
@@ -263,7 +263,7 @@ def test_the_gates_read_the_fallback_trials_outputs_back(temper, digits_dir, iso
     """The fallback's scorer keeps each trial's outputs by the trial model's bytes: the kept model is the
     best trial rewritten (the same bytes), and a plain twin candidate is the plain trial, so the gates
     evaluate neither again."""
-    from tests.conftest import edit_recipe
+    from tests.helpers import edit_recipe
 
     recipe = digits_dir / "digits-cnn.yaml"
     static = {"mode": "static", "format": "qdq", "per_channel": True}
@@ -326,7 +326,7 @@ def test_a_step_built_by_other_temper_source_is_built_again(temper, digits_dir, 
 def test_every_quantize_backend_is_in_the_cache_key():
     """Issue 33.5: nvidia-modelopt was missing, so upgrading ModelOpt served stale INT8 models from the cache.
     Every registered backend's libraries are rows of the one distributions table and in every step's key."""
-    from temper.artifacts import distributions
+    from temper.artifacts.core import distributions
     from temper.pipeline.cache import LIBRARIES, library_versions
     from temper.pipeline.quantize_backends import BACKENDS
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from temper.artifacts import capacity
+from temper.artifacts.formats import capacity
 from tests.artifacts.servers import Client, _bundle, _slow_model, _temper_serve
 from tests.artifacts.test_perf_analyzer import perf_analyzer  # noqa: F401  (the fixture that installs it)
 

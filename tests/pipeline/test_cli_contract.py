@@ -19,7 +19,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts.bundle import config_for, write
+from temper.artifacts.formats.bundle import config_for, write
 
 TEMPER = Path(sys.executable).with_name("temper")  # the console script installed beside this interpreter
 
@@ -269,7 +269,7 @@ def test_validate_re_gates_a_folder_whatever_the_recipe_is_named_or_publishes_to
 # -- 5. start-up ------------------------------------------------------------------------------------
 
 def test_the_cli_and_the_serving_runtime_do_not_import_torch() -> None:
-    code = "import temper.pipeline.cli, temper.artifacts.runtime, sys; assert 'torch' not in sys.modules"
+    code = "import temper.pipeline.cli, temper.artifacts.serving.runtime, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.helpers import write_recipe
 from tests.pipeline.steps.quantize_models import rate_model
 
 TEMPER = Path(sys.executable).with_name("temper")  # the console script installed beside this interpreter
@@ -78,21 +79,12 @@ def rate_recipe(folder: Path, steps: list, rate: int = 16000, candidates: dict |
     """rate_model with its sample rate the constant `rate` (`value: 16000`, as Silero's recipe has it)."""
     rate_model(folder / "rate.onnx")
     rng = np.random.default_rng(2)
-    for name in ("calib", "eval"):
-        np.savez(folder / f"{name}.npz", x=rng.normal(0, 1, (32, 16)).astype(np.float32))
-    recipe = folder / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "version": 1, "name": "rate",
-        "model": {"onnx": "rate.onnx", "outputs": ["y"],
-                  "inputs": [{"name": "x", "shape": ["batch", 16]},
-                             {"name": "sr", "dtype": "int64", "shape": [], "value": rate}]},
-        "data": {"calibration": {"path": "calib.npz", "batch_size": 16},
-                 "evaluation": {"path": "eval.npz", "batch_size": 16}},
-        "steps": steps,
-        "candidates": candidates or {"fp16": {"steps": ["fp16"]}},
-        "validate": {"fidelity": {"cosine_min": 0.99}},
-    }, sort_keys=False))
-    return recipe
+    calibration, evaluation = (rng.normal(0, 1, (32, 16)).astype(np.float32) for _ in range(2))
+    model = {"onnx": "rate.onnx", "outputs": ["y"],
+             "inputs": [{"name": "x", "shape": ["batch", 16]},
+                        {"name": "sr", "dtype": "int64", "shape": [], "value": rate}]}
+    return write_recipe(folder, "rate", model, {"x": calibration}, candidates or {"fp16": {"steps": ["fp16"]}},
+                        {"fidelity": {"cosine_min": 0.99}}, evaluation={"x": evaluation}, steps=steps)
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["quiet", "debug"])

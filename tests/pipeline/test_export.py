@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from temper.artifacts.errors import StepFailed
+from temper.artifacts.core.errors import StepFailed
 from temper.pipeline.recipe import ModelSpec
 from temper.pipeline.steps.export import dynamic_axes, export
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from temper.artifacts.host import profile
+from temper.artifacts.core.host import profile
 from temper.pipeline.steps.quantize import sensitivity
 from temper.pipeline.steps.quantize.fallback import _doubling
-from tests.conftest import RECIPES, edit_recipe
+from tests.helpers import RECIPES, edit_recipe
 from tests.unit.reports import read_report
 
 

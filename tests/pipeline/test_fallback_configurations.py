@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts import onnx_io
+from temper.artifacts.core import onnx_io
 from temper.pipeline.quantize_backends import OrtOptions
 from temper.pipeline.steps.base import StepContext
 from temper.pipeline.steps.quantize import Quantize

@@ -10,10 +10,9 @@ import re
 from pathlib import Path
 
 import numpy as np
-import onnx
-import yaml
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
+from tests.helpers import save_graph, write_recipe
 from tests.pipeline.test_console_log import temper
 
 
@@ -25,29 +24,19 @@ def normalized(path: Path) -> None:
     scale = np.logspace(-3, 1, 16).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
              helper.make_node("Div", ["h", "s"], ["y"], name="norm")]
-    graph = helper.make_graph(nodes, "norm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
-                              [numpy_helper.from_array((rng.normal(0, 0.3, (16, 16)) * scale).astype(np.float32), "w"),
-                               numpy_helper.from_array(scale, "s")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    weights = {"w": (rng.normal(0, 0.3, (16, 16)) * scale).astype(np.float32), "s": scale}
+    save_graph(path, nodes, {"x": ["batch", 16]}, {"y": ["batch", 16]}, weights, name="norm")
 
 
 def run(folder: Path, max_trials: int) -> tuple[str, dict, str]:
     """The model with an MSE budget of 0 (every INT8 trial misses), per-tensor weights in the step."""
     normalized(folder / "norm.onnx")
     rng = np.random.default_rng(1)
-    for name in ("calib", "eval"):
-        np.savez(folder / f"{name}.npz", x=rng.normal(0, 1, (32, 16)).astype(np.float32))
-    recipe = folder / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "version": 1, "name": "norm",
-        "model": {"onnx": "norm.onnx", "inputs": [{"name": "x", "shape": ["batch", 16]}], "outputs": ["y"]},
-        "data": {"calibration": {"path": "calib.npz", "batch_size": 16},
-                 "evaluation": {"path": "eval.npz", "batch_size": 16}},
-        "candidates": {"int8": {"steps": [{"quantize": {"mode": "static", "per_channel": False,
-                                                        "fallback": {"max_trials": max_trials}}}]}},
-        "validate": {"accuracy": {"metric": "mse", "max_drop": 0.0}},
-    }, sort_keys=False))
+    calibration, evaluation = (rng.normal(0, 1, (32, 16)).astype(np.float32) for _ in range(2))
+    model = {"onnx": "norm.onnx", "inputs": [{"name": "x", "shape": ["batch", 16]}], "outputs": ["y"]}
+    quantize = {"mode": "static", "per_channel": False, "fallback": {"max_trials": max_trials}}
+    recipe = write_recipe(folder, "norm", model, {"x": calibration}, {"int8": {"steps": [{"quantize": quantize}]}},
+                          {"accuracy": {"metric": "mse", "max_drop": 0.0}}, evaluation={"x": evaluation})
     result = temper("run", recipe, "--output", folder / "out", "--cache-dir", folder / "cache")
     assert result.returncode == 0, result.stderr
     tuning = json.loads((folder / "out" / "int8" / "tuning.json").read_text())

@@ -7,48 +7,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-import yaml
-from onnx import TensorProto, helper, numpy_helper
 
 from temper.validators.fidelity import compare_outputs, fidelity_gates
 from temper.validators.spec import FidelityGate, ValidateSpec
+from tests.helpers import MIXED, STATIC_INT8, mixed_model, write_recipe
 from tests.unit.reports import read_report
 
 SCORES = {"name": "scores", "output": "out", "axis": 1, "start": 4, "stop": 10, "cosine_min": 0.99}
 
 
-def _mixed_model(path: Path, break_scores: bool = False) -> None:
-    """out = concat(x @ wb (hundreds of pixels), sigmoid(x @ ws) (0..1)); `break_scores`: an edited copy
-    whose score weights are negated, so only the small part changes."""
-    rng = np.random.default_rng(0)
-    wb = (rng.random((4, 4)) * 300).astype(np.float32)
-    ws = rng.normal(size=(4, 6)).astype(np.float32) * (-1 if break_scores else 1)
-    nodes = [helper.make_node("MatMul", ["x", "wb"], ["boxes"], name="box"),
-             helper.make_node("MatMul", ["x", "ws"], ["logit"], name="score"),
-             helper.make_node("Sigmoid", ["logit"], ["scores"], name="sigmoid"),
-             helper.make_node("Concat", ["boxes", "scores"], ["out"], axis=1, name="concat")]
-    graph = helper.make_graph(nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 10])],
-                              [numpy_helper.from_array(wb, "wb"), numpy_helper.from_array(ws, "ws")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-
-
 def _recipe(folder: Path, fidelity: dict) -> Path:
-    _mixed_model(folder / "mixed.onnx")
+    mixed_model(folder / "mixed.onnx")
     rng = np.random.default_rng(1)
-    np.savez(folder / "calib.npz", x=rng.random((64, 4), dtype=np.float32))
-    np.savez(folder / "eval.npz", x=rng.random((64, 4), dtype=np.float32))
-    recipe = folder / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "version": 1, "name": "mixed",
-        "model": {"onnx": "mixed.onnx", "inputs": [{"name": "x", "shape": ["batch", 4]}], "outputs": ["out"]},
-        "data": {"calibration": {"path": "calib.npz", "batch_size": 16},
-                 "evaluation": {"path": "eval.npz", "batch_size": 16}},
-        "candidates": {"int8-static": {"steps": [{"quantize": {"mode": "static", "format": "qdq"}}]}},
-        "validate": {"fidelity": fidelity}}, sort_keys=False))
-    return recipe
+    calibration, evaluation = (rng.random((64, 4), dtype=np.float32) for _ in range(2))
+    return write_recipe(folder, "mixed", MIXED, {"x": calibration}, {"int8-static": STATIC_INT8},
+                        {"fidelity": fidelity}, evaluation={"x": evaluation})
 
 
 def test_a_slice_gate_fails_the_int8_model_a_whole_output_cosine_passes(temper, tmp_path):
@@ -77,8 +51,8 @@ def test_a_slice_gate_fails_the_int8_model_a_whole_output_cosine_passes(temper, 
 def test_slices_and_relative_error_on_an_edited_copy_with_real_sessions(tmp_path):
     import onnxruntime as ort
 
-    _mixed_model(tmp_path / "base.onnx")
-    _mixed_model(tmp_path / "edited.onnx", break_scores=True)
+    mixed_model(tmp_path / "base.onnx")
+    mixed_model(tmp_path / "edited.onnx", flip_scores=True)
     x = {"x": np.random.default_rng(2).random((32, 4), dtype=np.float32)}
     base, edited = ({"out": ort.InferenceSession(str(tmp_path / name)).run(None, x)[0]}
                     for name in ("base.onnx", "edited.onnx"))

@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from temper.artifacts.bundle import config_for, write
+from temper.artifacts.formats.bundle import config_for, write
 from temper.pipeline.cli import app
 from tests.pipeline.test_cli_contract import TEMPER, one_line, tiny_model, tiny_recipe
 

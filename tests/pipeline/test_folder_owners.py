@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from temper.artifacts.bundle import config_for, write
+from temper.artifacts.formats.bundle import config_for, write
 from tests.pipeline.test_cli_contract import files, one_line, temper, tiny_model, tiny_recipe
 
 GATED = {"validate": {"accuracy": {"metric": "top1", "max_drop": 0.5}}}

@@ -9,44 +9,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
-import yaml
-from onnx import TensorProto, helper, numpy_helper
 
+from tests.helpers import MIXED, STATIC_INT8, mixed_model, write_recipe
 from tests.unit.reports import read_report
 
 BOXES, CLASSES = 4, 18
 
 
-def mixed_model(path: Path) -> None:
-    """out = concat(x @ wb (hundreds of pixels), sigmoid(x @ ws) (0..1)): [batch, 4 + 18]."""
-    rng = np.random.default_rng(0)
-    wb = (rng.random((4, BOXES)) * 300).astype(np.float32)
-    ws = rng.normal(size=(4, CLASSES)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "wb"], ["boxes"], name="box"),
-             helper.make_node("MatMul", ["x", "ws"], ["logit"], name="score"),
-             helper.make_node("Sigmoid", ["logit"], ["scores"], name="sigmoid"),
-             helper.make_node("Concat", ["boxes", "scores"], ["out"], axis=1, name="concat")]
-    graph = helper.make_graph(nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", BOXES + CLASSES])],
-                              [numpy_helper.from_array(wb, "wb"), numpy_helper.from_array(ws, "ws")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-
-
 def mixed_recipe(folder: Path, fidelity: dict | None = None, **extra: object) -> Path:
-    mixed_model(folder / "mixed.onnx")
+    mixed_model(folder / "mixed.onnx", classes=CLASSES, boxes=BOXES)
     rng = np.random.default_rng(1)
-    np.savez(folder / "calib.npz", x=rng.random((64, 4), dtype=np.float32))
-    np.savez(folder / "eval.npz", x=rng.random((64, 4), dtype=np.float32))
-    recipe = folder / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "version": 1, "name": "mixed",
-        "model": {"onnx": "mixed.onnx", "inputs": [{"name": "x", "shape": ["batch", 4]}], "outputs": ["out"]},
-        "data": {"calibration": {"path": "calib.npz", "batch_size": 16},
-                 "evaluation": {"path": "eval.npz", "batch_size": 16}},
-        "candidates": {"int8-static": {"steps": [{"quantize": {"mode": "static", "format": "qdq"}}]}},
-        "validate": {"fidelity": fidelity or {"cosine_min": 0.99}}, **extra}, sort_keys=False))
-    return recipe
+    calibration, evaluation = (rng.random((64, 4), dtype=np.float32) for _ in range(2))
+    return write_recipe(folder, "mixed", MIXED, {"x": calibration}, {"int8-static": STATIC_INT8},
+                        {"fidelity": fidelity or {"cosine_min": 0.99}}, evaluation={"x": evaluation}, **extra)
 
 
 def test_the_default_fidelity_gate_fails_the_int8_model_a_whole_output_cosine_passes(temper, tmp_path):

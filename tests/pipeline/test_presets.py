@@ -1,11 +1,11 @@
 """`preset: auto` on the hosts temper meets: decided by the CPU's INT8 features, never by its name.
-Host profiles here are data (what artifacts.host reads from /proc/cpuinfo on those machines)."""
+Host profiles here are data (what artifacts.core.host reads from /proc/cpuinfo on those machines)."""
 
 from __future__ import annotations
 
 import pytest
 
-from temper.artifacts.host import HostProfile, profile
+from temper.artifacts.core.host import HostProfile, profile
 from temper.pipeline import presets
 from temper.pipeline.quantize_backends import quantize_options
 

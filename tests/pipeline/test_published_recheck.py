@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from temper.artifacts import versions
-from tests.conftest import edit_recipe
+from temper.artifacts.core import versions
+from tests.helpers import edit_recipe
 
 URI = "models:/digits-cnn@candidate"
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 from tests.pipeline.steps.quantize_models import if_model
 from tests.unit.reports import read_report
 
@@ -120,7 +120,7 @@ def test_a_label_the_graph_contradicts_is_the_graphs_and_fails_the_precision_gat
 
 
 def test_every_op_type_excluded_fails_the_build_with_what_to_do(tmp_path):
-    from temper.artifacts.errors import StepFailed
+    from temper.artifacts.core.errors import StepFailed
     from tests.pipeline.steps.quantize_models import conv_net, quantize
 
     src = conv_net(tmp_path / "net.onnx")
@@ -131,7 +131,7 @@ def test_every_op_type_excluded_fails_the_build_with_what_to_do(tmp_path):
 
 def test_modelopt_that_quantized_nothing_fails_its_build_too(tmp_path):
     pytest.importorskip("modelopt.onnx.quantization", reason="backend: modelopt is an optional extra")
-    from temper.artifacts.errors import StepFailed
+    from temper.artifacts.core.errors import StepFailed
     from temper.pipeline.quantize_backends import ModelOptOptions
     from temper.pipeline.steps.base import StepContext
     from temper.pipeline.steps.quantize import Quantize

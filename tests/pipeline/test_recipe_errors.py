@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import RECIPES
+from tests.helpers import RECIPES
 
 
 def _write(folder: Path, data: dict | str) -> Path:

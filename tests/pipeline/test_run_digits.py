@@ -10,8 +10,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from temper.artifacts.integrity import sha256_of
-from tests.conftest import edit_recipe
+from temper.artifacts.formats.integrity import sha256_of
+from tests.helpers import edit_recipe
 
 
 @pytest.fixture
@@ -115,7 +115,7 @@ def test_check_validates_without_building_candidates(temper, digits, tmp_path):
 
 def test_the_flow_runs_as_a_library_without_the_cli(digits, tmp_path):
     """pipeline.flow is what `temper run` calls: a notebook or another tool gets the same folder and exit code."""
-    from temper.artifacts.errors import RecipeError
+    from temper.artifacts.core.errors import RecipeError
     from temper.pipeline import flow
     from temper.pipeline.cache import StepCache, default_root
     from temper.pipeline.loading import load_recipe

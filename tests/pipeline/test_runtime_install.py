@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from temper.artifacts import versions
+from temper.artifacts.core import versions
 from temper.pipeline.cli import app
 from temper.pipeline.cli.common import SESSIONLESS
 from tests.artifacts.fake_site import distribution, environment

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto
 
 from temper.pipeline.quantize_backends import OrtOptions
-from tests.conftest import REPO, edit_recipe
+from tests.helpers import REPO, edit_recipe
 from tests.unit.reports import read_report
 
 

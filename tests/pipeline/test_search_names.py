@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 
 
 def _assert_one_line(result, recipe, key: str, *fragments: str) -> None:

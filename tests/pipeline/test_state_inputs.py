@@ -17,7 +17,7 @@ import yaml
 
 from tests.artifacts.runtimes import VAD_AUDIO, VAD_STATE, vad_model
 from tests.artifacts.servers import Client, _temper_serve
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 from tests.unit.reports import read_report
 
 INPUTS = [{"name": "audio", "shape": ["batch", VAD_AUDIO]},

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 
 STATIC = "candidates.int8-static.steps[0].quantize"
 DYNAMIC = "candidates.int8-dynamic.steps[0].quantize"

@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from tests.conftest import RECIPES, edit_recipe
+from tests.helpers import RECIPES, edit_recipe
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""artifacts.callables: the user's folder is on sys.path while the user's code runs, and only then."""
+"""artifacts.core.callables: the user's folder is on sys.path while the user's code runs, and only then."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from temper.artifacts.callables import call_user, load_callable
-from temper.artifacts.errors import RecipeError
+from temper.artifacts.core.callables import call_user, load_callable
+from temper.artifacts.core.errors import RecipeError
 
 FACTORY = '''
 def make():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import engines
-from temper.artifacts.host import HostProfile
+from temper.artifacts.core.host import HostProfile
 from temper.pipeline.recipe import Recipe
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from temper.artifacts.errors import StepFailed
+from temper.artifacts.core.errors import StepFailed
 from temper.pipeline.quantize_backends import OrtOptions, quantize_options
 from temper.pipeline.steps.quantize import fallback
 from temper.pipeline.steps.quantize.sensitivity import NodeSensitivity

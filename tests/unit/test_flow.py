@@ -42,7 +42,7 @@ def test_a_gated_run_exits_1_on_a_build_error_but_not_on_a_rejected_build():
 
 
 def test_step_failed_kind_tells_a_raised_build_from_a_rejected_one():
-    from temper.artifacts.errors import EnvironmentProblem, StepFailed
+    from temper.artifacts.core.errors import EnvironmentProblem, StepFailed
 
     def raised(cause: BaseException | None) -> StepFailed:
         try:

@@ -1,4 +1,4 @@
-"""The batching helpers (artifacts/layout.py) and the recipe's batch axes: which axis holds the samples,
+"""The batching helpers (artifacts/core/layout.py) and the recipe's batch axes: which axis holds the samples,
 and moving them between the data's layout (samples first) and the model's."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from temper.artifacts import layout
-from temper.artifacts.bundle import TensorSpec
-from temper.artifacts.layout import Layout, default_axes
+from temper.artifacts.core import layout
+from temper.artifacts.core.layout import Layout, default_axes
+from temper.artifacts.formats.bundle import TensorSpec
 from temper.pipeline.input_layout import layout_of
 from temper.pipeline.recipe import ModelSpec
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from temper.artifacts.errors import RecipeError
-from temper.artifacts.folders import MARKER, is_marked, mark
+from temper.artifacts.core.errors import RecipeError
+from temper.artifacts.core.folders import MARKER, is_marked, mark
 from temper.pipeline.loading import LoadedRecipe, load_recipe
 from temper.pipeline.outputs import MANIFEST, OutputFolder
 from temper.pipeline.runner import CandidateOutcome, ModelRecord, RunResult

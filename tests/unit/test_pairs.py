@@ -7,7 +7,7 @@ from temper.validators.pairs import Pair, pairs, reference, split
 
 def test_every_model_meets_every_engine_baseline_first_on_each():
     found = pairs(["int8", "fp16"], ["cpu", "openvino"])
-    assert [(p.model, p.engine) for p in found] == [
+    assert [(p.model, p.provider) for p in found] == [
         ("baseline", "cpu"), ("int8", "cpu"), ("fp16", "cpu"),
         ("baseline", "openvino"), ("int8", "openvino"), ("fp16", "openvino")]
     assert reference(["openvino", "cpu"]) == Pair("baseline", "openvino")

@@ -10,9 +10,9 @@ from typing import Any, get_args
 import pytest
 
 from temper.artifacts import engines
+from temper.artifacts.core.errors import EnvironmentProblem
+from temper.artifacts.core.host import HostProfile, profile
 from temper.artifacts.engines.providers import BEST_FIRST, BF16_FLAGS, CPU, PROVIDERS, Provider, named
-from temper.artifacts.errors import EnvironmentProblem
-from temper.artifacts.host import HostProfile, profile
 from temper.pipeline.recipe import Recipe
 from temper.validators.throughput import require_available
 

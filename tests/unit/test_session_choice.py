@@ -55,7 +55,8 @@ def test_rows_that_change_nothing_on_this_host_are_not_timed():
     one_core = SessionSettings(intra_op_threads=1)
     assert [r.name for r in rows_for("cpu", one_core)] == ["spinning", "extended"]
     assert [r.name for r in rows_for("cpu", SessionSettings(intra_op_threads=2))] == [r.name for r in table("cpu")]
-    assert rows_for("cuda", one_core) == ()  # a GPU session takes no thread settings: nothing to search
+    # a GPU session takes no thread settings: CUDA graphs off (the default) and on is all there is to search
+    assert [r.name for r in rows_for("cuda", one_core)] == ["cuda-graph"]
 
 
 def test_a_row_applies_to_the_engines_settings_model_and_is_validated():

@@ -13,8 +13,8 @@ import dataclasses
 import pytest
 from pydantic import BaseModel
 
-from temper.artifacts.bundle import ServingConfig
-from temper.artifacts.host import Load
+from temper.artifacts.core.host import Load
+from temper.artifacts.formats.bundle import ServingConfig
 from temper.pipeline.recipe import ServingOptions
 from temper.pipeline.steps.quantize.fallback import Trial
 from temper.pipeline.steps.quantize.sensitivity import NodeSensitivity

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from temper.artifacts.core.host import profile
 from temper.artifacts.engines.providers import BF16_FLAGS
-from temper.artifacts.host import profile
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 from tests.unit.reports import read_report
 
 pytest.importorskip("openvino", reason="the openvino engine needs openvino (the openvino extra, in dev)")

@@ -9,8 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts import onnx_io
-from temper.artifacts.errors import OptionError
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import OptionError
 from temper.validators.evaluate import predict
 
 WEIGHTS = np.random.default_rng(0).standard_normal((3, 2)).astype(np.float32)
@@ -78,7 +78,7 @@ def test_a_state_batched_on_axis_1_is_fed_and_scored_samples_first(tmp_path: Pat
     scalar sr; predict feeds each chunk in that layout and hands stateN back samples first."""
     import onnxruntime as ort
 
-    from temper.artifacts.layout import Layout
+    from temper.artifacts.core.layout import Layout
     from tests.artifacts.runtimes import vad_model
 
     model = vad_model(tmp_path)

@@ -10,7 +10,7 @@ import pytest
 from sklearn.datasets import load_digits
 from sklearn.metrics import f1_score, top_k_accuracy_score
 
-from temper.artifacts.errors import RecipeError
+from temper.artifacts.core.errors import RecipeError
 from temper.validators.metrics import Metric, MetricData, allowed_drop, drop, resolve
 from temper.validators.spec import AccuracyGate
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 from tests.unit.reports import read_report
 
 TEMPER = str(Path(sys.executable).parent / "temper")

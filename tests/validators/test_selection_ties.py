@@ -8,13 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
-import yaml
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
 from temper.validators import benches
 from temper.validators.rounds import Bench
 from temper.validators.throughput import Measurement
+from tests.helpers import STATIC_INT8, save_graph, write_recipe
 from tests.unit.reports import read_report
 
 # samples/s per round: int8's median (345) beats fp16's (340), but round by round they trade places
@@ -36,23 +35,13 @@ def _fake_interleave(bench: Bench, sessions, paths, sample, layout, timing, unde
 def _recipe(folder: Path) -> Path:
     rng = np.random.default_rng(0)
     w = rng.normal(size=(8, 6)).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 6])],
-                              [numpy_helper.from_array(w, "w")])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(folder / "mm.onnx"))
-    np.savez(folder / "data.npz", x=rng.random((64, 8), dtype=np.float32))
-    recipe = folder / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "version": 1, "name": "ties",
-        "model": {"onnx": "mm.onnx", "inputs": [{"name": "x", "shape": ["batch", 8]}], "outputs": ["y"]},
-        "data": {"calibration": {"path": "data.npz", "batch_size": 16},
-                 "evaluation": {"path": "data.npz", "batch_size": 16}},
-        "candidates": {"int8-static": {"steps": [{"quantize": {"mode": "static", "format": "qdq"}}]},
-                       "fp16": {"steps": [{"fp16": {}}]}},
-        "validate": {"fidelity": {"cosine_min": 0.9},
-                     "throughput": {"batch_sizes": [4], "duration_s": 0.1, "warmup_s": 0.01}}}, sort_keys=False))
-    return recipe
+    save_graph(folder / "mm.onnx", [helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": ["batch", 8]},
+               {"y": ["batch", 6]}, {"w": w}, name="mm")
+    model = {"onnx": "mm.onnx", "inputs": [{"name": "x", "shape": ["batch", 8]}], "outputs": ["y"]}
+    return write_recipe(folder, "ties", model, {"x": rng.random((64, 8), dtype=np.float32)},
+                        {"int8-static": STATIC_INT8, "fp16": {"steps": [{"fp16": {}}]}},
+                        {"fidelity": {"cosine_min": 0.9},
+                         "throughput": {"batch_sizes": [4], "duration_s": 0.1, "warmup_s": 0.01}})
 
 
 def test_pairs_tied_on_their_paired_interval_go_to_the_more_faithful(temper, tmp_path, monkeypatch):

@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from temper.artifacts.core.host import profile
+from temper.artifacts.core.layout import AXIS0
 from temper.artifacts.engines.onnxruntime import settings_of
-from temper.artifacts.host import profile
-from temper.artifacts.layout import AXIS0
 from temper.pipeline.cache import RecordStore
 from temper.validators import session_search
 from temper.validators.report_model import SessionSearch
 from temper.validators.session_search import DEFAULT, Plan, Row, rows_for, search
 from temper.validators.throughput import default_settings, engine_defaults
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 from tests.unit.reports import read_report
 from tests.validators.test_throughput import WIDTH, _mlp
 

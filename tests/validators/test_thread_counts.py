@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from temper.artifacts.core.host import usable_cores
 from temper.artifacts.engines import threads
-from temper.artifacts.host import usable_cores
 from temper.validators import throughput
 from tests.unit.reports import read_report
 from tests.validators.test_selection_ties import _recipe

@@ -13,8 +13,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts.errors import EnvironmentProblem
-from temper.artifacts.onnx_io import load_structure
+from temper.artifacts.core.errors import EnvironmentProblem
+from temper.artifacts.core.onnx_io import load_structure
 from temper.validators.throughput import batch_of, measure, session_for
 
 WIDTH = 64
@@ -131,7 +131,7 @@ def test_bench_json_one_entry_per_batch_size(temper: Callable, with_seq: Path) -
 def test_bench_measures_the_session_serving_would_run_and_records_it(temper: Callable, dynamic: Path) -> None:
     """One thread choice for the model (all usable cores or 1, as the runtime makes it), spinning off,
     the same settings at every batch size."""
-    from temper.artifacts.host import usable_cores
+    from temper.artifacts.core.host import usable_cores
 
     result = temper("bench", dynamic, "--batch-sizes", "1,8", "--duration", "0.2", "--warmup", "0", "--json")
     assert result.code == 0, result.stderr

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from temper.artifacts.errors import StepFailed
+from temper.artifacts.core.errors import StepFailed
 from temper.validators.census import ELIGIBLE, Census, of_file
 
 

@@ -37,10 +37,10 @@ from typing import Any
 
 import onnx
 
-from temper.artifacts.errors import StepFailed
-from temper.artifacts.integrity import content_digests
-from temper.artifacts.layout import AXIS0, Layout
-from temper.artifacts.onnx_io import Batch
+from temper.artifacts.core.errors import StepFailed
+from temper.artifacts.core.layout import AXIS0, Layout
+from temper.artifacts.core.onnx_io import Batch
+from temper.artifacts.formats.integrity import content_digests
 from temper.pipeline.cache import TUNING_FILE
 from temper.pipeline.quantize_backends import quantize_static
 from temper.pipeline.quantize_backends.ort import OrtOptions

@@ -16,10 +16,10 @@ from typing import ClassVar
 import numpy as np
 import onnx
 
-from temper.artifacts import onnx_io
-from temper.artifacts.errors import OptionError, StepFailed, TemperError, first_line
-from temper.artifacts.layout import AXIS0, Layout
-from temper.artifacts.onnx_io import Batch
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import OptionError, StepFailed, TemperError, first_line
+from temper.artifacts.core.layout import AXIS0, Layout
+from temper.artifacts.core.onnx_io import Batch
 from temper.pipeline.quantize_backends import (
     BACKENDS,
     Job,

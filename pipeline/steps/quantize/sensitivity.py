@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnxruntime.quantization import qdq_loss_debug as debug
 
-from temper.artifacts.onnx_io import Batch
+from temper.artifacts.core.onnx_io import Batch
 from temper.pipeline.quantize_backends import quantize_static
 from temper.pipeline.quantize_backends.ort import OrtOptions
 from temper.pipeline.steps.tensor_probe import Probe, named_dims, saved_tensors

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from temper.artifacts.onnx_io import Batch
+from temper.artifacts.core.onnx_io import Batch
 from temper.pipeline.steps.base import StepContext
 
 

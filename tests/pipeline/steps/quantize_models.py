@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts import onnx_io
-from temper.artifacts.onnx_io import Batch
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.onnx_io import Batch
 from temper.pipeline.quantize_backends import quantize_options
 from temper.pipeline.recipe import InputSpec
 from temper.pipeline.steps.base import StepContext

@@ -9,8 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts import onnx_io
-from temper.artifacts.errors import OptionError, StepFailed
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import OptionError, StepFailed
 from temper.pipeline.step_options import FixShapesOptions
 from temper.pipeline.steps.fix_shapes import FixShapes
 

@@ -9,8 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts import onnx_io
-from temper.artifacts.errors import OptionError, StepFailed
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import OptionError, StepFailed
 from temper.pipeline.step_options import Fp16Options
 from temper.pipeline.steps.fp16 import Fp16
 

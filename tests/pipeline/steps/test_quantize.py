@@ -10,9 +10,9 @@ import pytest
 from onnx import helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
 
-from temper.artifacts import onnx_io
-from temper.artifacts.errors import OptionError, RecipeError, StepFailed
-from temper.artifacts.onnx_io import Batch
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import OptionError, RecipeError, StepFailed
+from temper.artifacts.core.onnx_io import Batch
 from temper.pipeline.quantize_backends import OrtOptions, quantize_options
 from temper.pipeline.steps.base import StepContext
 from tests.pipeline.steps.quantize_models import (

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from temper.artifacts import onnx_io
-from temper.artifacts.errors import StepFailed
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import StepFailed
 from temper.pipeline.quantize_backends import OrtOptions
 from temper.validators.census import census
 from tests.pipeline.steps.quantize_models import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from temper.artifacts.errors import EnvironmentProblem
+from temper.artifacts.core.errors import EnvironmentProblem
 from temper.pipeline.quantize_backends import modelopt as quantize_modelopt
 from tests.pipeline.steps.quantize_models import (
     activation_scales,

@@ -13,10 +13,10 @@ import numpy as np
 import onnx
 import pytest
 
-from temper.artifacts.errors import EnvironmentProblem
+from temper.artifacts.core.errors import EnvironmentProblem
 from temper.pipeline.quantize_backends import nncf as quantize_nncf
 from temper.validators.census import census
-from tests.conftest import edit_recipe
+from tests.helpers import edit_recipe
 from tests.pipeline.steps.quantize_models import (
     context,
     conv_net,

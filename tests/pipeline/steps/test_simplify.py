@@ -9,8 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from temper.artifacts import onnx_io
-from temper.artifacts.errors import StepFailed
+from temper.artifacts.core import onnx_io
+from temper.artifacts.core.errors import StepFailed
 from temper.pipeline.step_options import SimplifyOptions
 from temper.pipeline.steps.simplify import Simplify
 

@@ -1,0 +1,98 @@
+"""A decoder recipe (`kind: decoder`): a causal LM with its KV cache, its text, weight candidates, quality and
+speed gates, and the workload the selection serves. Its own schema beside the CNN/encoder `Recipe`: a decoder
+has no `model.inputs` to declare (the builder fixes them) and its gates are perplexity and tokens, not outputs."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveInt, model_validator
+
+from temper.artifacts.core.strict import Strict
+from temper.pipeline.recipe import CandidateName
+from temper.validators.decoder_spec import DecoderValidate, WorkloadSelect
+
+
+class DecoderSource(Strict):
+    """Exactly one: a transformers causal-LM folder (config.json, safetensors, tokenizer), a GGUF file (its
+    weights dequantized to FP32 first), or a folder ONNX Runtime GenAI's model builder already wrote. The first
+    two go through that builder (`onnxruntime_genai.models.builder`, FP32, CPU), which writes the graph with its
+    KV cache and its weights as external data."""
+
+    hf: str | None = None
+    gguf: str | None = None
+    onnx: str | None = Field(None, description="a folder with genai_config.json and its model file")
+
+    @model_validator(mode="after")
+    def _one(self) -> DecoderSource:
+        if sum(v is not None for v in (self.hf, self.gguf, self.onnx)) != 1:
+            raise ValueError("give exactly one of 'hf' (a transformers folder), 'gguf' (a .gguf file) or "
+                             "'onnx' (a folder the model builder wrote)")
+        return self
+
+
+class TextData(Strict):
+    """The recipe's own text: a .txt file (one document, cut into sequences) or a .csv file's column."""
+
+    file: str
+    column: str | None = Field(None, description="the .csv column holding the text")
+    sequences: PositiveInt = Field(16, description="teacher-forced sequences the quality gates pair over")
+    sequence_length: int = Field(64, ge=2, le=8192, description="tokens per sequence")
+    prompts: PositiveInt = Field(2, description="prompts of the greedy generation check (the first rows)")
+    prompt_tokens: int = Field(16, ge=1, description="tokens of each generation prompt")
+
+    @model_validator(mode="after")
+    def _column(self) -> TextData:
+        if self.file.endswith(".csv") != (self.column is not None):
+            raise ValueError("data.column names the text column of a .csv file (and only of one)")
+        return self
+
+
+class WeightOptions(Strict):
+    """How a candidate's weight matrices are stored. `int8-dynamic`: ONNX Runtime's quantize_dynamic on every
+    MatMul (INT8 weights, activations quantized per call). `matmul-nbits`: ONNX Runtime's MatMulNBitsQuantizer,
+    `bits` per weight in blocks of `block_size`; `algorithm` rtn is its built-in round-to-nearest (the DEFAULT
+    config), hqq its half-quadratic quantizer; `accuracy_level` 4 lets the CPU kernel compute in INT8."""
+
+    method: Literal["int8-dynamic", "matmul-nbits"]
+    bits: Literal[4, 8] = 4
+    algorithm: Literal["rtn", "hqq"] = "rtn"
+    block_size: Literal[16, 32, 64, 128, 256] = 128
+    symmetric: bool = Field(False, description="rtn only: symmetric blocks (no zero point)")
+    accuracy_level: Literal[0, 1, 2, 3, 4] = Field(4, description="MatMulNBits' compute type: 0 unset, "
+                                                   "1 fp32, 2 fp16, 3 bf16, 4 int8 (the CPU's fast path)")
+
+    keep_float: list[str] = Field(default_factory=list, description="weight MatMuls whose node name holds one of "
+                                  "these stay float (e.g. [lm_head]): the precision gate expects exactly those")
+
+    @model_validator(mode="after")
+    def _fits(self) -> WeightOptions:
+        nbits = {"bits", "algorithm", "block_size", "symmetric", "accuracy_level"} & self.model_fields_set
+        if self.method == "int8-dynamic" and nbits:
+            raise ValueError(f"'{sorted(nbits)[0]}' applies to method matmul-nbits only")
+        if self.algorithm == "hqq" and "symmetric" in self.model_fields_set:
+            raise ValueError("'symmetric' applies to algorithm rtn only")
+        return self
+
+
+class DecoderCandidate(Strict):
+    weights: WeightOptions
+
+
+class DecoderRecipe(Strict):
+    """A decoder recipe: `version: 1`, `kind: decoder`."""
+
+    version: Literal[1]
+    kind: Literal["decoder"]
+    name: CandidateName
+    model: DecoderSource
+    data: TextData
+    candidates: dict[CandidateName, DecoderCandidate] = Field(min_length=1)
+    validation: DecoderValidate = Field(DecoderValidate(), alias="validate")
+    select: WorkloadSelect = WorkloadSelect()
+
+    @model_validator(mode="after")
+    def _names(self) -> DecoderRecipe:
+        if "baseline" in self.candidates:
+            raise ValueError("'baseline' is reserved for the FP32 model; rename the candidate")
+        return self

@@ -149,7 +149,7 @@ def _single(model: str, folder: Path, config: ServingConfig | None, unchecked: s
         if asked not in (EVERY, name):
             raise RecipeError(model, "--load-model", f"'{asked}' is not the model this bundle serves ('{name}')")
     models = Models.single(runtime, version, growth, control, strict, warn)
-    return models, f"{name} version {version} ({runtime.engine})"
+    return models, f"{name} version {version} ({runtime.provider})"
 
 
 def _routable_name(where: str, name: str) -> None:

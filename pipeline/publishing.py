@@ -14,9 +14,10 @@ from temper.artifacts.core.host import HostProfile
 from temper.artifacts.formats import bundle
 from temper.artifacts.formats.integrity import sha256_of
 from temper.artifacts.registry.store import Published, StoreUnreachable, open_store, record_run, register
+from temper.artifacts.serving.fallback import BACKUP
 from temper.pipeline.cache import MODEL_FILE
 from temper.pipeline.loading import LoadedRecipe
-from temper.pipeline.outputs import MANIFEST, serving_layout
+from temper.pipeline.outputs import MANIFEST, backup_of, servable, serving_layout
 from temper.pipeline.steps import candidate_precision
 from temper.validators.report_model import FILE as REPORT_FILE
 from temper.validators.report_model import Report, batch_dependent
@@ -81,6 +82,7 @@ def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str
                                        batch_dependent=batch_dependent(report, report.selected_pair),
                                        **spec.serving.model_dump())
             packed = bundle.write(Path(tmp) / "bundle", model, config, [folder / REPORT_FILE, folder / MANIFEST])
+            _pack_backup(folder, packed)
             run_id, model_uri = record_run(
                 client, experiment=spec.mlflow.experiment, run_name=spec.mlflow.registered_model,
                 params=flatten(loaded.recipe.model_dump(mode="json", by_alias=True)), metrics=metrics_of(report),
@@ -92,6 +94,20 @@ def publish_run(loaded: LoadedRecipe, folder: Path, report: Report | Mapping[str
         raise EnvironmentProblem(str(exc)) from exc
     except Exception as exc:  # an unreachable tracking server, a registry that refuses: environment
         raise EnvironmentProblem(f"publishing to MLflow failed: {first_line(exc)}") from exc
+
+
+def _pack_backup(folder: Path, packed: Path) -> str | None:
+    """Write the burst fallback's backup model (artifacts/serving/fallback.py) into the bundle's backup/ folder: the
+    fastest other pair that passed every gate on the selected engine (pipeline/outputs.py backup_of), with the
+    serving options publishing gives the selected one, so `temper serve models:/NAME@ALIAS --burst-fallback-ms`
+    has it. None (and no folder) when no other pair passed; servable() checks its file against the manifest."""
+    name = backup_of(folder)
+    if name is None:
+        return None
+    source, config = servable(folder / name)
+    assert config is not None  # a model in a run's output folder, never a bundle
+    bundle.write(packed / BACKUP, source / MODEL_FILE, config)
+    return name
 
 
 TAG_LIMIT = 5000  # MLflow's longest tag value

@@ -249,7 +249,8 @@ def fetch(uri: str, tracking: str | None, dest: Path) -> Fetched:
     def bundle_of(found: ModelVersion, tmp: str) -> Path:
         uri = f"models:/{found.name}/{found.version}"
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp))
-        folder = next((p.parent for p in local.rglob(CONFIG)), None)
+        found_configs = sorted(local.rglob(CONFIG), key=lambda p: len(p.parts))  # the bundle's, not its backup/'s
+        folder = found_configs[0].parent if found_configs else None
         if folder is None:  # a decoder LLM: its model builder folder (genai_config.json), which `temper serve` serves
             decoder = next((p.parent for p in local.rglob(GENAI_CONFIG)), None)
             if decoder is not None:

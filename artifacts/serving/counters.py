@@ -1,7 +1,7 @@
 """The Runtime's request counters: what /metrics, Triton's /stats and the gRPC service report.
 
 Kept apart from the batcher that updates them and from the exposition that reads them, so that
-readers (artifacts/serving/metrics.py, artifacts/serving/triton_extensions.py) depend on plain counters, not on
+readers (artifacts/serving/exposition.py, artifacts/serving/triton_extensions.py) depend on plain counters, not on
 how requests are batched or served.
 """
 

@@ -25,6 +25,9 @@ none of them counted. Here:
                    connections with no call for `idle_s` closed (GOAWAY; clients reconnect on the
                    next call), peers that do not answer a keepalive ping closed, and connections
                    that do not finish the HTTP/2 handshake within HANDSHAKE_TIMEOUT_S closed.
+  Unparsable       bytes that are not the RPC's message answer INVALID_ARGUMENT (the client's mistake), not
+                   grpcio's INTERNAL.
+ModelStreamInfer's limits (streams open at once, requests per stream) are artifacts/serving/grpc_stream.py's.
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ class ReceiveDeadline(grpc.ServerInterceptor):
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = continuation(details)
         if handler is None or handler.request_streaming or handler.response_streaming:
-            return handler  # unknown, or streaming: none is implemented, the base class answers UNIMPLEMENTED
+            return handler  # unknown, or streaming (ModelStreamInfer: grpc_stream.py keeps its own limits)
         behaviour, rpc = handler.unary_unary, details.method.rpartition("/")[2]
 
         def received(requests: Any, context: grpc.ServicerContext) -> object:
@@ -161,3 +164,42 @@ class ReceiveDeadline(grpc.ServerInterceptor):
                         self.waiting.popleft()
                     else:
                         self._cancel_oldest(f"did not arrive within {self.timeout_s:g}s")
+
+
+class _Unparsed:
+    """What the lenient parser hands on for bytes that are not the RPC's request message."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class Unparsable(grpc.ServerInterceptor):
+    """Answers a request whose bytes do not parse as the RPC's message with INVALID_ARGUMENT, the
+    client's mistake; grpcio's own answer is INTERNAL ("Exception deserializing request!"), which
+    reads as a server fault. `refused` hears each such ModelInfer, a failed inference request as
+    a REST body that is not JSON is."""
+
+    def __init__(self, refused: Callable[[], None]) -> None:
+        self.refused = refused
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.request_streaming or handler.response_streaming:
+            return handler  # unknown, or streaming (ModelStreamInfer: grpc_stream.py keeps its own limits)
+        parse, behaviour, rpc = handler.request_deserializer, handler.unary_unary, details.method.rpartition("/")[2]
+
+        def lenient(data: bytes) -> object:
+            try:
+                return parse(data)
+            except Exception as exc:  # protobuf's DecodeError
+                return _Unparsed(exc)
+
+        def answer(request: object, context: grpc.ServicerContext) -> object:
+            if isinstance(request, _Unparsed):
+                if rpc == "ModelInfer":
+                    self.refused()
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the {rpc} request does not parse: {request.error}")
+            return behaviour(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(answer, request_deserializer=lenient,
+                                                   response_serializer=handler.response_serializer)

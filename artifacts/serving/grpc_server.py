@@ -5,8 +5,8 @@ format is Triton's own and tritonclient.grpc and perf_analyzer talk to it unchan
 ModelStatistics answer the same documents as REST's `/config` and `/stats` (artifacts/serving/triton_extensions.py)
 as protobuf; the repository RPCs index, load and unload the models as Triton does (serving/models.py). The system
 shared-memory RPCs register, list and release artifacts/serving/client_shm.py's regions (shared with the REST
-server); the CUDA ones list none and refuse to register any. RPCs not implemented here (streaming,
-trace, log settings) answer UNIMPLEMENTED from the base class.
+server); the CUDA ones list none and refuse to register any. ModelStreamInfer is artifacts/serving/grpc_stream.py's;
+trace and log settings answer UNIMPLEMENTED from the base class.
 
 Behind it are the same models as the REST server (artifacts/serving/models.py): per model one batcher, one bounded
 queue, one set of metrics. It runs on gRPC's own thread pool, not on uvicorn's event loop (which server.py owns):
@@ -26,7 +26,7 @@ Status codes, each with a one-line message; the server keeps serving afterwards:
                       stopped (`temper serve` shutting down stops it before this server), or the worker
                       process running the request's batch died (not retried: artifacts/serving/workers.py), or the model
                       was unloaded while the request waited; load or unload in model control mode none
-  RESOURCE_EXHAUSTED  message over the size limit (gRPC's own answer)
+  RESOURCE_EXHAUSTED  message over the size limit (gRPC's own answer); a stream past ModelStreamInfer's bound
   CANCELLED           the request message did not arrive within the receive deadline, or before as many later
                       calls waited for theirs as the bound allows (artifacts/serving/grpc_limits.py); counted OTHER
   DEADLINE_EXCEEDED   the client's own deadline passed first
@@ -39,7 +39,6 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
-from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -63,10 +62,12 @@ from temper.artifacts.serving.grpc_limits import (
     IDLE_S,
     RECEIVE_TIMEOUT_S,
     ReceiveDeadline,
+    Unparsable,
     most_waiting,
     options,
     pool_size,
 )
+from temper.artifacts.serving.grpc_stream import StreamInfer
 from temper.artifacts.serving.models import Loaded, Models
 from temper.artifacts.serving.protocol import DATATYPES, VERSION, WIRE
 from temper.artifacts.serving.repository_rpcs import RepositoryRpcs
@@ -108,13 +109,16 @@ class Refused(Exception):
         self.code = code
 
 
-class InferenceService(RepositoryRpcs, SharedMemoryRpcs, pb_grpc.GRPCInferenceServiceServicer):
-    """Health, metadata, configuration, statistics, the model repository, shared memory and ModelInfer for the
-    models of a Models (a Runtime: a Models of that one)."""
+class InferenceService(RepositoryRpcs, SharedMemoryRpcs, StreamInfer, pb_grpc.GRPCInferenceServiceServicer):
+    """Health, metadata, configuration, statistics, the model repository, shared memory, ModelInfer and
+    ModelStreamInfer for the models of a Models (a Runtime: a Models of that one)."""
 
     def __init__(self, models: Models | Runtime, regions: ClientRegions | None = None) -> None:
         self.models = models if isinstance(models, Models) else Models.single(models)
         self.regions = regions if regions is not None else ClientRegions()
+        in_flight = self.models.capacity() + SPARE_RPCS
+        self.limit_streams(max_streams=in_flight // 2, depth=in_flight)  # half the threads unary calls get
+        self._failed = failure
 
     def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self.models.live)
@@ -154,16 +158,10 @@ class InferenceService(RepositoryRpcs, SharedMemoryRpcs, pb_grpc.GRPCInferenceSe
         """Decode, run through the model's batcher, answer with raw_output_contents."""
         model = self._model_or_abort(request.model_name, request.model_version, context)
         try:
-            return self._infer(model, request, context.time_remaining())
-        except Refused as exc:
-            model.runtime.metrics.record_failure(OTHER)
-            code, message = exc.code, str(exc)
-        except (RequestError, Overloaded, RequestTimeout, Stopped) as exc:  # already counted by the Runtime
-            code, message = STATUS[type(exc)], str(exc)
+            future, wanted = self._start(model, request, inline=True)  # a pool thread may run a tiny model
+            return self._answer(model, request, future, wanted, context.time_remaining())
         except Exception as exc:
-            log.exception("inference failed")
-            code, message = grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
-        context.abort(code, message)
+            context.abort(*failure(model, exc))
 
     def refused(self) -> None:
         """Count an inference request turned away before any model read its name (it did not parse, or its message
@@ -184,19 +182,25 @@ class InferenceService(RepositoryRpcs, SharedMemoryRpcs, pb_grpc.GRPCInferenceSe
             context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
             raise  # abort raises; this line is for the type checker
 
-    def _infer(self, model: Loaded, request: pb.ModelInferRequest,
-               client_remaining_s: float | None) -> pb.ModelInferResponse:
+    def _start(self, model: Loaded, request: pb.ModelInferRequest,
+               inline: bool) -> tuple[concurrent.futures.Future, list[tuple[str, Target | None]]]:
+        """Decode and queue a request on the model's batcher: its future and the outputs to answer with."""
         runtime = model.runtime
-        timeout_s = runtime.config.timeout_s
         try:
-            queue_s = queue_timeout_s(_params(request.parameters), timeout_s)
+            queue_s = queue_timeout_s(_params(request.parameters), runtime.config.timeout_s)
         except RequestError as exc:
             raise _invalid(str(exc)) from None
         inputs = self._decode_inputs(model, request)
         wanted = self._wanted_outputs(model, request)
         if not runtime.accepting:
             raise Refused(grpc.StatusCode.UNAVAILABLE, f"model '{model.name}' is not ready")
-        future = runtime.submit(inputs, inline=True, timeout_s=queue_s)  # a pool thread may run a tiny model
+        return runtime.submit(inputs, inline=inline, timeout_s=queue_s), wanted
+
+    def _answer(self, model: Loaded, request: pb.ModelInferRequest, future: concurrent.futures.Future,
+                wanted: list[tuple[str, Target | None]], client_remaining_s: float | None) -> pb.ModelInferResponse:
+        """Wait for a queued request's outputs (abandoning it at the timeout) and build its response."""
+        runtime = model.runtime
+        timeout_s = runtime.config.timeout_s
         if client_remaining_s is not None and client_remaining_s < timeout_s:  # the client gives up first
             try:
                 results = runtime.result(future, client_remaining_s)
@@ -205,6 +209,8 @@ class InferenceService(RepositoryRpcs, SharedMemoryRpcs, pb_grpc.GRPCInferenceSe
         else:
             results = runtime.result(future, timeout_s)
         response = pb.ModelInferResponse(model_name=model.name, model_version=model.version, id=request.id)
+        for key, value in (getattr(future, "temper_parameters", None) or {}).items():  # the burst fallback's
+            response.parameters[key].string_param = value  # which model served it and why, as REST answers
         for name, target in wanted:
             array = results[name]
             response.outputs.add(name=name, datatype=DATATYPES[array.dtype.name], shape=array.shape)
@@ -346,43 +352,16 @@ class GrpcServer:
         self.receiving.stop()
 
 
-class _Unparsed:
-    """What the lenient parser hands on for bytes that are not the RPC's request message."""
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-
-class Unparsable(grpc.ServerInterceptor):
-    """Answers a request whose bytes do not parse as the RPC's message with INVALID_ARGUMENT, the
-    client's mistake; grpcio's own answer is INTERNAL ("Exception deserializing request!"), which
-    reads as a server fault. `refused` hears each such ModelInfer, a failed inference request as
-    a REST body that is not JSON is."""
-
-    def __init__(self, refused: Callable[[], None]) -> None:
-        self.refused = refused
-
-    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        handler = continuation(details)
-        if handler is None or handler.request_streaming or handler.response_streaming:
-            return handler  # unknown, or streaming: none is implemented, the base class answers UNIMPLEMENTED
-        parse, behaviour, rpc = handler.request_deserializer, handler.unary_unary, details.method.rpartition("/")[2]
-
-        def lenient(data: bytes) -> object:
-            try:
-                return parse(data)
-            except Exception as exc:  # protobuf's DecodeError
-                return _Unparsed(exc)
-
-        def answer(request: object, context: Context) -> object:
-            if isinstance(request, _Unparsed):
-                if rpc == "ModelInfer":
-                    self.refused()
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the {rpc} request does not parse: {request.error}")
-            return behaviour(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(answer, request_deserializer=lenient,
-                                                   response_serializer=handler.response_serializer)
+def failure(model: Loaded, exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status code and message answering a failed inference request; a refusal the Runtime did not see is
+    counted here."""
+    if isinstance(exc, Refused):
+        model.runtime.metrics.record_failure(OTHER)
+        return exc.code, str(exc)
+    if isinstance(exc, (RequestError, Overloaded, RequestTimeout, Stopped)):  # already counted by the Runtime
+        return STATUS[type(exc)], str(exc)
+    log.exception("inference failed", exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
 
 
 def _params(parameters: Any) -> dict[str, object]:

@@ -88,7 +88,7 @@ class Loaded:
         """Bytes the model's processes hold on the GPU (its workers', or this process's in-process), as the
         driver reports them (artifacts/engines/gpu_memory.py); None for a model on a CPU engine (an ensemble: its
         composing models report theirs), or no reading."""
-        if isinstance(self.runtime, Ensemble) or not PROVIDERS[self.runtime.engine].gpu:
+        if isinstance(self.runtime, Ensemble) or not PROVIDERS[self.runtime.provider].gpu:
             return None
         pool = self.runtime.pool
         pids = [os.getpid()] if pool is None else [i.pid for i in pool.instances if i.pid]

@@ -97,14 +97,14 @@ class Runtime:
         self.drift_warning: str | None = _drift_warning(self.config.gated_with)
         if self.drift_warning:
             log.warning("%s: %s", self.config.name, self.drift_warning)
-        # the bundle's runtime, unless `providers` names ONNX Runtime providers to run on
-        self._runtime = engines.of(self.config.engine or "cpu" if providers is None else "cpu")
-        recorded, self._choose = _settings(self.config, self._runtime)  # start() chooses threads when _choose
+        # the bundle's engine, unless `providers` names ONNX Runtime providers to run on
+        self._engine = engines.of(self.config.engine or "cpu" if providers is None else "cpu")
+        recorded, self._choose = _settings(self.config, self._engine)  # start() chooses threads when _choose
         self._session: Session | None
         self._providers: list[str] = []  # the providers the session really runs, which the workers are given
-        self.engine: Provider
+        self.provider: Provider
         self.settings: EngineSettings  # what the model really runs with, read back where the runtime can
-        self._session, self.engine, self.settings = self._runtime.serve(
+        self._session, self.provider, self.settings = self._engine.serve(
             self.bundle / MODEL, self.config.engine if providers is None else None, recorded, providers,
             self.config.name)
         self._output_names = [o.name for o in self._session.get_outputs()]
@@ -134,7 +134,7 @@ class Runtime:
         Then decide whether requests may run inline."""
         inputs = self._warmup_inputs(self._fixed_batch or 1)
         assert self._session is not None, "_tune runs on this process's session"
-        if self.engine == "cpu" and self._choose and isinstance(self.settings, SessionSettings):
+        if self.provider == "cpu" and self._choose and isinstance(self.settings, SessionSettings):
             self._session, self.settings, times = threads.choose_threads(
                 self.bundle / MODEL, self._session, self.settings, inputs, [CPU])
             self.batch1_ms = min(times) * 1000
@@ -170,7 +170,8 @@ class Runtime:
         if self._session is not None:  # not when a pool ran before: start() after stop()
             self._tune()
         if self.instances is None:
-            self.instances = 0 if self.inline else default_instances(self.intra_op_threads, PROVIDERS[self.engine].gpu)
+            gpu = PROVIDERS[self.provider].gpu
+            self.instances = 0 if self.inline else default_instances(self.intra_op_threads, gpu)
             log.info("%s: %d worker instance(s) by default%s", self.config.name, self.instances,
                      ": the model runs inline, faster than a hand-off to a worker (--instances N isolates it)"
                      if self.inline else "")
@@ -190,7 +191,7 @@ class Runtime:
         if self._session is not None:
             self._providers = self._session.get_providers()
         sizes = [self._fixed_batch] if self._fixed_batch else range(1, self.max_rows + 1)
-        self.pool = WorkerPool(self.bundle / MODEL, self.config, self.engine, self.engine_settings, self._providers,
+        self.pool = WorkerPool(self.bundle / MODEL, self.config, self.provider, self.engine_settings, self._providers,
                                int(self.instances or 0), self.max_rows,
                                lambda: [self._warmup_inputs(rows) for rows in sizes])
         began = time.perf_counter()

@@ -54,6 +54,7 @@ from temper.artifacts.formats.repository import LoadFailed, ModelNotServed
 from temper.artifacts.serving.batcher import abandon
 from temper.artifacts.serving.client_shm import ClientRegions
 from temper.artifacts.serving.ensemble_runtime import Ensemble
+from temper.artifacts.serving.exposition import Exposition
 from temper.artifacts.serving.http_limits import (
     BODY_TIMEOUT_S,
     HEADER_TIMEOUT_S,
@@ -64,7 +65,6 @@ from temper.artifacts.serving.http_limits import (
     body_limit,
     connection_limit,
 )
-from temper.artifacts.serving.metrics import Exposition
 from temper.artifacts.serving.models import ControlDisabled, Loaded, Models
 from temper.artifacts.serving.protocol import VERSION
 from temper.artifacts.serving.repository_routes import REPOSITORY, RepositoryRoutes

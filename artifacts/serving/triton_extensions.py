@@ -31,7 +31,7 @@ def platform(runtime: Runtime | Ensemble) -> str:
     bundle served on OpenVINO (Triton reports its backend's name there), `ensemble` for an ensemble."""
     if isinstance(runtime, Ensemble):
         return ENSEMBLE
-    fields = engines.of(runtime.engine).triton(runtime.engine, None)
+    fields = engines.of(runtime.provider).triton(runtime.provider, None)
     return str(fields.get("backend", fields.get("platform", PLATFORM)))
 
 
@@ -42,10 +42,10 @@ def model_config(runtime: Runtime | Ensemble) -> dict[str, Any]:
     config.pbtxt as parsed."""
     if isinstance(runtime, Ensemble):
         return dict(runtime.spec.document)
-    engine = engines.of(runtime.engine)
-    kind = engine.triton_kind(runtime.engine, "KIND_GPU" if PROVIDERS[runtime.engine].gpu else "KIND_CPU")
+    engine = engines.of(runtime.provider)
+    kind = engine.triton_kind(runtime.provider, "KIND_GPU" if PROVIDERS[runtime.provider].gpu else "KIND_CPU")
     config = _model_config(runtime.config, runtime.instances or 1, kind,
-                           engine.triton(runtime.engine, runtime.config.session))
+                           engine.triton(runtime.provider, runtime.config.session))
     config.pop("model_warmup", None)  # a repository setting; this server has warmed up already
     return {"backend": engine.name, **config}
 

@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
 
 def _load(spec: dict[str, Any]) -> tuple[Any, str]:
     """The instance's engine, built from the spec as the gateway built its own."""
-    engine = provider_named(spec["engine"])
+    engine = provider_named(spec["provider"])
     runtime = engines.of(engine)
     session, row, _ = runtime.serve(Path(spec["model"]), engine, runtime.settings.model_validate(spec["settings"]),
                                     spec["providers"] or None, spec["name"])

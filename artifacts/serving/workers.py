@@ -38,6 +38,7 @@ import numpy as np
 
 from temper.artifacts.core.errors import InstanceLost, Stopped
 from temper.artifacts.engines import EngineSettings
+from temper.artifacts.engines.providers import Provider
 from temper.artifacts.formats.bundle import ServingConfig
 from temper.artifacts.serving.tensor_memory import Region, regions_for
 from temper.artifacts.serving.worker import Channel
@@ -71,12 +72,13 @@ class Instance:
 
 
 class WorkerPool:
-    """`count` worker processes serving `model` on `engine` with `settings` (ONNX Runtime's on `providers`,
+    """`count` worker processes serving `model` on `provider` with `settings` (ONNX Runtime's on `providers`,
     or an OpenVINO engine's)."""
 
-    def __init__(self, model: Path, config: ServingConfig, engine: str, settings: EngineSettings,
+    def __init__(self, model: Path, config: ServingConfig, provider: Provider, settings: EngineSettings,
                  providers: list[str], count: int, max_rows: int, warm_inputs: Callable[[], list[Arrays]]) -> None:
-        self.model, self.config, self.engine, self.settings, self.providers = model, config, engine, settings, providers
+        self.model, self.config, self.provider = model, config, provider
+        self.settings, self.providers = settings, providers
         self.warm_inputs = warm_inputs
         self.instances = [Instance(i, *regions_for(config, max_rows, f"{config.name}-{i}")) for i in range(count)]
         self._idle: deque[Instance] = deque()
@@ -210,8 +212,8 @@ class WorkerPool:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         spec = {"control_fd": theirs.fileno(), "input_fd": instance.inputs.fd, "input_size": instance.inputs.size,
                 "output_fd": instance.outputs.fd, "output_size": instance.outputs.size,
-                "model": str(self.model), "engine": self.engine, "providers": self.providers, "name": self.config.name,
-                "settings": self.settings.model_dump()}
+                "model": str(self.model), "provider": self.provider, "providers": self.providers,
+                "name": self.config.name, "settings": self.settings.model_dump()}
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # temper as this process finds it
         instance.process = subprocess.Popen(
             [sys.executable, "-m", "temper.artifacts.serving.worker", json.dumps(spec)], env=env,

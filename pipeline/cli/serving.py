@@ -85,6 +85,8 @@ def _with_backup(model: str, folder: Path, models: Models, instances: int | None
     runtime = only.runtime
     assert isinstance(runtime, Runtime), "a single bundle is served by a Runtime"
     found, config = backup_folder(folder), None
+    if found is not None:
+        _check_backup(model, folder, found)
     if found is None and (folder.parent / MANIFEST).is_file():  # a run's output folder: its fastest other pass
         name = backup_of(folder.parent, folder.name)
         if name is not None:
@@ -98,6 +100,25 @@ def _with_backup(model: str, folder: Path, models: Models, instances: int | None
         raise RecipeError(model, "--burst-fallback-ms", f"the backup model {found} takes or answers other tensors")
     runtime.fallback = BurstFallback(runtime, backup, target_ms)
     return f", with the burst fallback to {found.name} over {target_ms:g} ms"
+
+
+def _check_backup(model: str, folder: Path, found: Path) -> None:
+    """A published bundle's backup/ model checked against the manifest it ships: the sha256 recorded for the pair its
+    report.json names as the backup (the fastest other that passed every gate, pipeline/outputs.py backup_of). A
+    bundle without a manifest (made by hand) serves its backup as it is, as it does its model."""
+    from temper.artifacts.formats.integrity import REPORT, Mismatch, check_model, read_manifest
+    from temper.pipeline.outputs import MANIFEST, backup_of
+
+    if not (folder / MANIFEST).is_file() or not (folder / REPORT).is_file():
+        return
+    try:
+        name = backup_of(folder)
+        if name is None:
+            raise Mismatch(found, f"is a backup model, but {REPORT} names no other pair that passed every gate on the "
+                                  f"selected engine: {PULL_AGAIN}")
+        check_model(found / "model.onnx", name, read_manifest(folder, PULL_AGAIN), PULL_AGAIN)
+    except Mismatch as exc:
+        raise RecipeError(f"{model}/{exc.file.relative_to(folder)}", "--burst-fallback-ms", str(exc)) from None
 
 
 def _single(model: str, folder: Path, config: ServingConfig | None, unchecked: str | None, version: str,
@@ -128,7 +149,7 @@ def _single(model: str, folder: Path, config: ServingConfig | None, unchecked: s
         if asked not in (EVERY, name):
             raise RecipeError(model, "--load-model", f"'{asked}' is not the model this bundle serves ('{name}')")
     models = Models.single(runtime, version, growth, control, strict, warn)
-    return models, f"{name} version {version} ({runtime.engine})"
+    return models, f"{name} version {version} ({runtime.provider})"
 
 
 def _routable_name(where: str, name: str) -> None:

@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from temper.artifacts.formats import bundle
-from tests.artifacts.servers import Client, _counter, _metrics, _temper_serve
+from tests.artifacts.servers import Client, _counter, _free_port, _metrics, _temper_serve
 
 WIDTH = 256
 CLIENTS, BURST = 16, 12
@@ -113,6 +113,59 @@ def test_a_burst_goes_to_the_backup_and_comes_back(served):
     assert _counter(metrics, "temper_fallback_latency_target_seconds") == pytest.approx(target_ms / 1000)
 
 
+def _grpc_parameters(client: object) -> dict:
+    """One request through tritonclient.grpc: the ModelInferResponse's parameters as plain strings."""
+    import tritonclient.grpc as grpcclient
+
+    x = grpcclient.InferInput("x", [1, WIDTH], "FP32")
+    x.set_data_from_numpy(np.ones((1, WIDTH), dtype=np.float32))
+    result = client.infer("chain", [x])  # type: ignore[attr-defined]
+    assert result.as_numpy("y").shape == (1, WIDTH)
+    return {key: value.string_param for key, value in result.get_response().parameters.items()}
+
+
+def test_grpc_answers_carry_the_same_parameters(served):
+    """Over gRPC each ModelInferResponse names the model that served it and the cause, as REST's answers do, and
+    /metrics counts the gRPC requests among each model's share."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    target_ms = round(max(2.0, 3 * _alone_ms(served)), 3)
+    grpc_port = _free_port()
+    args = ("--instances", "0", "--burst-fallback-ms", str(target_ms), "--grpc-port", str(grpc_port))
+    with _temper_serve(str(served), args=args) as (port, _):
+        lone = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        before = _grpc_parameters(lone)
+        answers: list[dict] = []
+        start = threading.Barrier(CLIENTS)
+
+        def client() -> None:
+            c = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+            start.wait()
+            for _ in range(BURST):
+                answers.append(_grpc_parameters(c))
+            c.close()
+
+        threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        time.sleep(0.2)
+        after = [_grpc_parameters(lone) for _ in range(5)]
+        lone.close()
+        c = Client(port)
+        metrics = _metrics(c)
+        c.close()
+    assert before == {"temper_served_by": "primary", "temper_fallback_cause": ""}
+    assert len(answers) == CLIENTS * BURST
+    by = [a["temper_served_by"] for a in answers]
+    assert by.count("backup") > 0 and by.count("primary") > 0, by
+    assert all(a["temper_fallback_cause"] == "queue_time" for a in answers if a["temper_served_by"] == "backup")
+    assert after[-1] == {"temper_served_by": "primary", "temper_fallback_cause": "recovered"}
+    total = 1 + CLIENTS * BURST + 5
+    served_by = {w: _counter(metrics, "temper_fallback_requests_total", served_by=w) for w in ("primary", "backup")}
+    assert served_by == {"primary": total - by.count("backup"), "backup": by.count("backup")}
+
+
 def test_off_by_default(served):
     with _temper_serve(str(served), args=("--instances", "0")) as (port, _):
         answers = _burst(port)
@@ -129,9 +182,9 @@ class _Counters:
 
 
 class _Primary:
-    """What BurstFallback reads of a Runtime: 10 ms a row, one instance, nothing queued."""
+    """What BurstFallback reads of a Runtime: 10 ms a row, one instance, batches of 16 at most, nothing queued."""
 
-    pending, instances, batch1_ms = 0, 1, 10.0
+    pending, instances, batch1_ms, max_rows = 0, 1, 10.0, 16
     metrics = _Counters()
     config = type("Config", (), {"name": "slow"})()
 
@@ -157,4 +210,28 @@ def test_the_rows_of_a_running_batch_count_against_the_target():
     done = Future()
     done.set_result({})
     fallback.sent(done, 4)  # answered already (an inline run): counted and released at once
+    assert fallback.estimate_ms() == pytest.approx(10)
+
+
+def test_the_rows_that_will_join_its_batch_count_too(monkeypatch):
+    """A request queued behind a running batch also waits for the rows that join its own batch while it waits: at
+    667 rows/s arriving, 4 rows running at 10 ms a row (40 ms) bring 26 more, so its batch is full (16 rows, capped
+    at max_rows): 200 ms, where counting only the rows ahead reads 50 ms and keeps it on the primary."""
+    from concurrent.futures import Future
+
+    from temper.artifacts.serving import fallback as module
+    from temper.artifacts.serving.fallback import BurstFallback
+
+    clock = [100.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    fallback = BurstFallback(_Primary(), _Primary(), target_ms=100)  # type: ignore[arg-type]
+    running = Future()
+    fallback.sent(running, 4)
+    assert fallback.estimate_ms() == pytest.approx(50)  # nothing arrived yet: the 4 rows and its own
+    fallback._arrived += 40  # 40 rows asked for over the next 60 ms: 667 rows/s
+    clock[0] += 0.06
+    assert fallback.estimate_ms() == pytest.approx(200)
+    assert fallback.choose()[1:] == ("backup", "queue_time")
+    running.set_result({})
+    clock[0] += 3 * module.WINDOW_S  # no request for a while: the rate is stale, forgotten
     assert fallback.estimate_ms() == pytest.approx(10)

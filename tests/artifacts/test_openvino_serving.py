@@ -60,7 +60,7 @@ def selected(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_runtime_runs_the_recorded_engine_with_its_settings_read_back(selected: Path, started):
     runtime = started(Runtime(selected))
-    assert runtime.engine == "openvino" and runtime.ready and runtime.batch1_ms is not None
+    assert runtime.provider == "openvino" and runtime.ready and runtime.batch1_ms is not None
     assert runtime.engine_settings == GATED  # read back from the compiled model, not copied from runtime.json
     assert runtime.intra_op_threads == 1
     gated = open_engine(selected / bundle.MODEL, "f32", 1)
@@ -124,7 +124,7 @@ def test_an_openvino_pick_runs_in_isolated_workers_that_restart_with_its_setting
     gated = open_engine(selected / bundle.MODEL, "f32", 1)
     runtime = Runtime(selected, instances=1)
     with Served(runtime) as served:
-        assert runtime.pool is not None and runtime.engine == "openvino" and runtime.engine_settings == GATED
+        assert runtime.pool is not None and runtime.provider == "openvino" and runtime.engine_settings == GATED
         instance = runtime.pool.instances[0]
         worker = psutil.Process(instance.pid)
         assert "temper.artifacts.serving.worker" in " ".join(worker.cmdline())
@@ -225,7 +225,7 @@ def test_a_bf16_bundle_serves_in_bf16_on_a_cpu_with_native_bf16(tmp_path: Path, 
     folder = _openvino_bundle(tmp_path / "bf16", "openvino-bf16", GATED.model_copy(update={"inference_precision":
                                                                                           "bf16"}))
     runtime = started(Runtime(folder))
-    assert runtime.engine == "openvino-bf16" and runtime.engine_settings.inference_precision == "bf16"
+    assert runtime.provider == "openvino-bf16" and runtime.engine_settings.inference_precision == "bf16"
     inputs = _inputs(11, rows=4)
     served = runtime.infer(inputs)["y"]
     np.testing.assert_array_equal(served, open_engine(folder / bundle.MODEL, "bf16", 1).run(["y"], inputs)[0])

@@ -96,11 +96,12 @@ def serving(cnn: Path) -> Iterator[tuple[int, int]]:
         yield ports
 
 
-def _perf_analyzer(perf_analyzer: Path, protocol: str, port: int, memory: str) -> subprocess.CompletedProcess:
+def _perf_analyzer(perf_analyzer: Path, protocol: str, port: int, memory: str,
+                   *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(perf_analyzer), "-m", MODEL, "-i", protocol, "-u", f"127.0.0.1:{port}",
                            "--measurement-interval", "300", "--concurrency-range", "1:4:3",
-                           "--stability-percentage", "1000", "--max-trials", "10", "--shared-memory", memory],
-                          capture_output=True, text=True, timeout=300)
+                           "--stability-percentage", "1000", "--max-trials", "10", "--shared-memory", memory,
+                           *extra], capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("memory", ["none", "system"])
@@ -146,3 +147,18 @@ def test_perf_analyzer_over_grpc_on_bundles_that_record_their_session(perf_analy
     output = run.stdout + run.stderr
     assert run.returncode == 0, output
     assert len(re.findall(r"Concurrency: \d+, throughput: [\d.]+ infer/sec", output)) == 2, output
+
+
+@pytest.mark.parametrize("memory", ["none", "system"])
+def test_perf_analyzer_streaming_over_grpc(perf_analyzer: Path, serving: tuple[int, int], memory: str) -> None:
+    """`-i grpc --streaming` sends its requests on ModelStreamInfer streams (one per concurrency slot): it hung until
+    killed while the RPC answered UNIMPLEMENTED; now each request is answered on its stream, and the server's
+    statistics count them as ModelInfer's."""
+    run = _perf_analyzer(perf_analyzer, "grpc", serving[1], memory, "--streaming")
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    throughputs = [float(t) for t in re.findall(r"Concurrency: \d+, throughput: ([\d.]+) infer/sec", output)]
+    assert len(throughputs) == 2 and all(t > 0 for t in throughputs), output
+    served = [int(n) for n in re.findall(r"Server: \n\s+Inference count: \d+\n\s+Execution count: \d+\n"
+                                         r"\s+Successful request count: (\d+)", output)]
+    assert len(served) == 2 and all(n > 0 for n in served), output

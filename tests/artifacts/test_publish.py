@@ -212,3 +212,43 @@ def test_mlflow_models_serve_runs_the_published_runtime(temper, gated_digits, tm
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_the_backup_model_travels_with_the_published_bundle(temper, gated_digits, tmp_path, tracking_store):
+    """A run whose selection has a peer that passed every gate on its engine publishes that peer in the bundle's
+    backup/ (the model its output folder's burst fallback would use), checked against the manifest, and
+    `temper serve models:/NAME@ALIAS --burst-fallback-ms` serves with it; a tampered backup is refused."""
+    from temper.artifacts.formats.integrity import recorded, sha256_of
+    from temper.pipeline.outputs import backup_of
+    from tests.artifacts.servers import Client, _temper_serve
+
+    # No speed gate: every candidate that keeps accuracy and fidelity passes, so the selection has peers.
+    edit_recipe(gated_digits, lambda d: (d.update(select="smallest-passing"),
+                                         d["validate"]["throughput"].pop("min_speedup"),
+                                         d["validate"]["throughput"].pop("speedup_at")))
+    out = tmp_path / "out"
+    result = temper("run", gated_digits, "--output", out)
+    assert result.code == 0, result.stderr
+    name = backup_of(out)
+    assert name is not None and name != json.loads((out / "report.json").read_text())["selected"]
+    pulled = tmp_path / "pulled"
+    assert temper("pull", "models:/digits-cnn@candidate", "--dest", pulled).code == 0
+    assert json.loads((pulled / "runtime.json").read_text())["name"] == "digits-cnn"  # the bundle's, not backup/'s
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert sha256_of(pulled / "backup" / "model.onnx") == recorded(manifest, name)["sha256"]
+    assert json.loads((pulled / "backup" / "runtime.json").read_text())["max_batch_size"] == 16
+
+    with _temper_serve("models:/digits-cnn@candidate", args=("--burst-fallback-ms", "50")) as (port, output):
+        c = Client(port)
+        image = np.zeros((1, 1, 8, 8), dtype=np.float32)
+        status, _, body = c.infer({"inputs": [{"name": "pixels", "shape": [1, 1, 8, 8], "datatype": "FP32",
+                                               "data": image.ravel().tolist()}]}, model="digits-cnn")
+        c.close()
+    assert status == 200 and json.loads(body)["parameters"]["temper_served_by"] == "primary", body
+    assert "with the burst fallback to backup over 50 ms" in output["stdout"] + output["stderr"]
+
+    with open(pulled / "backup" / "model.onnx", "ab") as f:  # changed after temper wrote it
+        f.write(b"\0")
+    served = temper("serve", pulled, "--burst-fallback-ms", "50", "--port", str(_free_port()))
+    assert served.code == 2 and "backup/model.onnx" in served.stderr and "--burst-fallback-ms" in served.stderr, served

@@ -35,7 +35,7 @@ INSTANCES = pytest.mark.parametrize("instances", [0, 2], ids=["in-process", "2-w
 def test_results_equal_a_plain_session(tmp_path: Path, started, instances: int) -> None:
     model = linear_model(tmp_path)
     runtime = started(runtime_for(model, tmp_path, instances, max_batch_size=16))
-    assert runtime.engine == "cpu"
+    assert runtime.provider == "cpu"
     x = np.random.default_rng(2).standard_normal((5, 4)).astype(np.float32)
     np.testing.assert_allclose(runtime.infer({"x": x})["y"], plain(model, {"x": x})["y"], rtol=1e-6)
     many = np.random.default_rng(3).standard_normal((40, 4)).astype(np.float32)  # > max_batch_size: chunked

@@ -106,7 +106,7 @@ def _triton_families(models: list[Loaded]) -> list[Metric]:
         host = Metric(gauge, about, "gauge")
         host.add_sample(gauge, {}, amount)
         families.append(host)
-    if any(isinstance(m.runtime, Runtime) and PROVIDERS[m.runtime.engine].gpu for m in models):  # Triton's GPU gauges
+    if any(isinstance(m.runtime, Runtime) and PROVIDERS[m.runtime.provider].gpu for m in models):  # Triton's GPU gauges
         families += _gpu_families()
     return families
 
@@ -181,7 +181,7 @@ def _runtime_families(models: list[Loaded]) -> Iterator[Metric]:
         runtime, model = loaded.runtime, [loaded.name, loaded.version]
         m = runtime.metrics.snapshot()
         if isinstance(runtime, Runtime):  # an ensemble runs no engine and no batch: its composing models' say theirs
-            info.add_metric([*model, runtime.engine, str(runtime.intra_op_threads), str(runtime.inline).lower(),
+            info.add_metric([*model, runtime.provider, str(runtime.intra_op_threads), str(runtime.inline).lower(),
                              str(runtime.instances or 0), str(runtime.config.batch_dependent).lower()], 1)
             _batch_sizes(sizes, m["batches"], runtime.max_rows, model, m["inference_count"])
         buckets = [(floatToGoString(ms / 1000), n) for ms, n in zip(m["latency_buckets_ms"], m["latency_counts"])]

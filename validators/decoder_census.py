@@ -2,7 +2,8 @@
 included), so a candidate labelled 4-bit whose quantizer skipped half the MatMuls is caught (the precision gate).
 
 4-bit and 8-bit: MatMulNBits by its `bits` attribute; 8-bit also the INT8 dynamic forms (DynamicQuantizeMatMul,
-MatMulInteger). Float: a MatMul or Gemm with a constant weight (an initializer), the ones a weight quantizer is
+MatMulInteger); and a MatMul or Gemm whose weight is a DequantizeLinear of a constant, by that constant's type
+(INT4/UINT4 4-bit, INT8/UINT8 8-bit: what NNCF writes on opset 21 and up). Float: a MatMul or Gemm with a constant weight (an initializer), the ones a weight quantizer is
 asked to replace; MatMuls of two activations (attention inside plain graphs) are not weights and not counted.
 """
 
@@ -15,6 +16,8 @@ from pathlib import Path
 import onnx
 
 _EIGHT_BIT_DYNAMIC = {"DynamicQuantizeMatMul", "MatMulInteger", "QLinearMatMul"}
+_STORED = {onnx.TensorProto.INT4: "4-bit", onnx.TensorProto.UINT4: "4-bit", onnx.TensorProto.INT8: "8-bit",
+           onnx.TensorProto.UINT8: "8-bit"}
 
 
 def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -34,12 +37,18 @@ def weight_census(path: Path) -> dict[str, int]:
     for graph in _graphs(model.graph):
         constants = {init.name for init in graph.initializer}
         constants |= {n.output[0] for n in graph.node if n.op_type == "Constant"}
+        types = {init.name: init.data_type for init in graph.initializer}
+        dequantized = {n.output[0]: _STORED.get(types.get(n.input[0], 0), onnx.TensorProto.DataType.Name(
+            types.get(n.input[0], 0)).lower()) for n in graph.node
+            if n.op_type == "DequantizeLinear" and n.input[0] in constants}
         for node in graph.node:
             if node.op_type == "MatMulNBits":
                 bits = next((a.i for a in node.attribute if a.name == "bits"), 4)
                 counts[f"{bits}-bit"] += 1
             elif node.op_type in _EIGHT_BIT_DYNAMIC:
                 counts["8-bit"] += 1
+            elif node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in dequantized:
+                counts[dequantized[node.input[1]]] += 1
             elif node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in constants:
                 counts["float"] += 1
     return {key: counts.get(key, 0) for key in ("4-bit", "8-bit", "float")} | {

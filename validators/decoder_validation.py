@@ -42,6 +42,7 @@ class Built:
     weights: dict[str, Any]
     expected: str  # "4-bit" or "8-bit"
     kept_float: int = 0  # weight matrices the recipe keeps in float (weights.keep_float)
+    backup: str | None = None  # the precision a mixed-precision quantizer (NNCF) may store the others in
 
 
 def _size_mb(folder: Path) -> float:
@@ -57,8 +58,12 @@ def _gates(built: Built, census: dict[str, int], quality: Any, generated: list[G
            reference: list[Generated], spec: QualitySpec) -> list[DecoderGate]:
     total = sum(census.values())
     share = weight_share(census, built.expected)
-    exact = census.get(built.expected, 0) == total - built.kept_float and census.get("float", 0) == built.kept_float
+    stored = census.get(built.expected, 0) + (census.get(built.backup, 0) if built.backup else 0)
+    exact = (stored == total - built.kept_float and census.get("float", 0) == built.kept_float
+             and (built.backup is None or census.get(built.expected, 0) > 0))
     kept = f" but the {built.kept_float} keep_float names" if built.kept_float else ""
+    asked = f"{built.expected} or {built.backup} (NNCF's backup), some {built.expected}" if built.backup else \
+        built.expected
     delta = quality.delta
     upper = delta.high if delta.high is not None else delta.mean
     interval = (delta.low, delta.high) if delta.low is not None and delta.high is not None else None
@@ -66,7 +71,7 @@ def _gates(built: Built, census: dict[str, int], quality: Any, generated: list[G
     return [
         DecoderGate(name="precision", kind="precision", passed=exact, measured=share,
                     budget=(total - built.kept_float) / total if total else 1.0, interval=None,
-                    detail=f"{census}: every weight matrix{kept} must be {built.expected}"),
+                    detail=f"{census}: every weight matrix{kept} must be {asked}"),
         DecoderGate(name="nll_delta", kind="quality", passed=upper <= spec.nll_delta_max, measured=delta.mean,
                     budget=spec.nll_delta_max, interval=interval,
                     detail=f"perplexity {quality.candidate_perplexity:.3f} vs {quality.baseline_perplexity:.3f}; "

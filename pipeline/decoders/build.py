@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
 
@@ -103,9 +104,10 @@ def kept_float(base: Path, options: WeightOptions) -> list[str]:
             and any(part in n.name for part in options.keep_float)]
 
 
-def candidate(base: Path, options: WeightOptions, out: Path) -> tuple[Path, list[str]]:
+def candidate(base: Path, options: WeightOptions, out: Path,
+              calibration: Sequence[Sequence[int]] = ()) -> tuple[Path, list[str]]:
     """`out`: the baseline's weights stored as `options` says, beside the baseline's side files; and the weight
-    MatMuls left in float."""
+    MatMuls left in float. `calibration`: token windows for a data-aware method (NNCF's AWQ, scale estimation)."""
     import onnx
 
     from temper.artifacts.engines.decoder_session import DecoderLayout
@@ -122,6 +124,10 @@ def candidate(base: Path, options: WeightOptions, out: Path) -> tuple[Path, list
         quantize_dynamic(base / name, out / name, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
                          nodes_to_exclude=kept, use_external_data_format=True,
                          extra_options={"MatMulConstBOnly": True})
+    elif options.method == "nncf":
+        from temper.pipeline.decoders.nncf_weights import compress
+
+        compress(base, name, options, kept, out, calibration)
     else:
         from onnxruntime.quantization.matmul_nbits_quantizer import (
             DefaultWeightOnlyQuantConfig,

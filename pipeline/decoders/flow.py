@@ -103,7 +103,8 @@ def run(loaded: LoadedDecoder, output: Path, cache_root: Path, *, use_cache: boo
         progress("baseline: ONNX Runtime GenAI model builder, FP32")
         base = build.baseline(loaded, cache_root, use_cache=use_cache)
         _fits_context(loaded, base)
-        texts = text_set(loaded, base)  # bad text is bad input before any candidate is built
+        calibrating = any(spec.weights.calibrates for spec in recipe.candidates.values())
+        texts = text_set(loaded, base, calibration=calibrating)  # bad text is bad input before any candidate is built
         view = _source_view(loaded, texts.sequences, progress)
         _place(base, staged / "baseline")
         built: dict[str, Built] = {}
@@ -112,14 +113,13 @@ def run(loaded: LoadedDecoder, output: Path, cache_root: Path, *, use_cache: boo
             progress(f"{name}: {spec.weights.method}")
             options = spec.weights
             try:
-                folder, kept = build.candidate(base, options, staged / name)
+                folder, kept = build.candidate(base, options, staged / name, texts.calibration)
             except Exception as exc:  # a library's failure on one candidate: reported, the others go on
                 not_built[name] = first_line(exc)
                 shutil.rmtree(staged / name, ignore_errors=True)
                 continue
-            expected = "8-bit" if options.method == "int8-dynamic" else f"{options.bits}-bit"
             weights = options.model_dump(exclude_unset=True) | {"method": options.method}
-            built[name] = Built(folder, weights, expected, len(kept))
+            built[name] = Built(folder, weights, options.expected, len(kept), options.backup)
         report = validate(recipe.name, staged / "baseline", built, texts.sequences, texts.prompts,
                           recipe.validation, recipe.select, not_built=not_built, searches=loaded.searches,
                           source_view=view, progress=progress)

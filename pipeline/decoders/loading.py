@@ -16,7 +16,9 @@ from temper.artifacts.core.errors import RecipeError
 from temper.pipeline.decoders.spec import DecoderRecipe
 from temper.pipeline.loading import _UniqueKeyLoader as UniqueKeyLoader
 
-SEARCHABLE = {"bits": "{}bit", "algorithm": "{}", "block_size": "b{}", "accuracy_level": "acc{}", "symmetric": "sym{}"}
+SEARCHABLE = {"bits": "{}bit", "algorithm": "{}", "block_size": "b{}", "accuracy_level": "acc{}", "symmetric": "sym{}",
+              "mode": "{}", "group_size": "g{}", "ratio": "r{}", "all_layers": "all{}", "awq": "awq{}",
+              "scale_estimation": "se{}"}
 
 
 @dataclass

@@ -40,6 +40,8 @@ class TextData(Strict):
     sequence_length: int = Field(64, ge=2, le=8192, description="tokens per sequence")
     prompts: PositiveInt = Field(2, description="prompts of the greedy generation check (the first rows)")
     prompt_tokens: int = Field(16, ge=1, description="tokens of each generation prompt")
+    calibration_sequences: PositiveInt = Field(8, description="windows after the gated ones that NNCF's AWQ and "
+                                               "scale estimation calibrate on (read only when a candidate asks)")
 
     @model_validator(mode="after")
     def _column(self) -> TextData:
@@ -52,9 +54,11 @@ class WeightOptions(Strict):
     """How a candidate's weight matrices are stored. `int8-dynamic`: ONNX Runtime's quantize_dynamic on every
     MatMul (INT8 weights, activations quantized per call). `matmul-nbits`: ONNX Runtime's MatMulNBitsQuantizer,
     `bits` per weight in blocks of `block_size`; `algorithm` rtn is its built-in round-to-nearest (the DEFAULT
-    config), hqq its half-quadratic quantizer; `accuracy_level` 4 lets the CPU kernel compute in INT8."""
+    config), hqq its half-quadratic quantizer; `accuracy_level` 4 lets the CPU kernel compute in INT8. `nncf`:
+    NNCF's compress_weights in `mode`, 4-bit weights in groups of `group_size`, `ratio` of them at 4 bits and the
+    rest at its INT8 backup, optionally AWQ and scale estimation on held-out windows of the recipe's text."""
 
-    method: Literal["int8-dynamic", "matmul-nbits"]
+    method: Literal["int8-dynamic", "matmul-nbits", "nncf"]
     bits: Literal[4, 8] = 4
     algorithm: Literal["rtn", "hqq"] = "rtn"
     block_size: Literal[16, 32, 64, 128, 256] = 128
@@ -62,17 +66,53 @@ class WeightOptions(Strict):
     accuracy_level: Literal[0, 1, 2, 3, 4] = Field(4, description="MatMulNBits' compute type: 0 unset, "
                                                    "1 fp32, 2 fp16, 3 bf16, 4 int8 (the CPU's fast path)")
 
+    mode: Literal["int4_sym", "int4_asym", "int8_sym", "int8_asym"] = "int4_sym"
+    group_size: Literal[-1, 16, 32, 64, 128, 256] = Field(128, description="nncf int4: weights per scale "
+                                                          "(-1: one per output channel)")
+    ratio: float = Field(1.0, gt=0, le=1, description="nncf int4: share of the weights at 4 bits, the rest 8-bit")
+    all_layers: bool = Field(False, description="nncf int4: the embeddings and last MatMul at 4 bits too "
+                                                "(NNCF keeps them 8-bit by default)")
+    awq: bool = Field(False, description="nncf int4: activation-aware scaling (calibrates on the text)")
+    scale_estimation: bool = Field(False, description="nncf int4: data-aware scales (calibrates on the text)")
+
     keep_float: list[str] = Field(default_factory=list, description="weight MatMuls whose node name holds one of "
                                   "these stay float (e.g. [lm_head]): the precision gate expects exactly those")
 
     @model_validator(mode="after")
     def _fits(self) -> WeightOptions:
-        nbits = {"bits", "algorithm", "block_size", "symmetric", "accuracy_level"} & self.model_fields_set
-        if self.method == "int8-dynamic" and nbits:
+        given = self.model_fields_set
+        nbits = {"bits", "algorithm", "block_size", "symmetric", "accuracy_level"} & given
+        nncf = {"mode", "group_size", "ratio", "all_layers", "awq", "scale_estimation"} & given
+        if self.method != "matmul-nbits" and nbits:
             raise ValueError(f"'{sorted(nbits)[0]}' applies to method matmul-nbits only")
+        if self.method != "nncf" and nncf:
+            raise ValueError(f"'{sorted(nncf)[0]}' applies to method nncf only")
+        int4_only = {"group_size", "ratio", "all_layers", "awq", "scale_estimation"} & given
+        if self.mode.startswith("int8") and int4_only:
+            raise ValueError(f"'{sorted(int4_only)[0]}' applies to nncf's int4 modes only (int8 is per channel, "
+                             "every weight)")
         if self.algorithm == "hqq" and "symmetric" in self.model_fields_set:
             raise ValueError("'symmetric' applies to algorithm rtn only")
         return self
+
+    @property
+    def calibrates(self) -> bool:
+        """Whether building this candidate needs calibration text (NNCF's AWQ or scale estimation)."""
+        return self.awq or self.scale_estimation
+
+    @property
+    def expected(self) -> str:
+        """The precision every weight matrix but the kept-float ones must be stored in ("4-bit", "8-bit")."""
+        if self.method == "matmul-nbits":
+            return f"{self.bits}-bit"
+        return "8-bit" if self.method == "int8-dynamic" or self.mode.startswith("int8") else "4-bit"
+
+    @property
+    def backup(self) -> str | None:
+        """The precision NNCF may store some weights in instead (int4 with ratio < 1, or not all_layers)."""
+        if self.method == "nncf" and self.mode.startswith("int4") and (self.ratio < 1 or not self.all_layers):
+            return "8-bit"
+        return None
 
 
 class DecoderCandidate(Strict):

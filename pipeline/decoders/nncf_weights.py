@@ -1,0 +1,64 @@
+"""A decoder candidate from NNCF's `compress_weights` (ONNX backend): 4-bit weights in groups with NNCF's mixed
+precision (`ratio`), AWQ and scale estimation, which ONNX Runtime's own quantizer does not offer.
+
+On the builder's graphs (opset 21 and up) NNCF writes each compressed weight as a low-bit initializer and a
+`DequantizeLinear` (blocked for int4) feeding the original MatMul, not MatMulNBits; ONNX Runtime fuses the 4-bit
+blocked ones into MatMulNBits when it loads the model, and the census counts the stored pattern. The weights stay
+external data: the graph is read without them and NNCF reads each from the baseline's folder.
+
+With `all_layers` the embedding (a Gather) stays float: NNCF 3.4's ONNX backend blocks a 4-bit embedding on the
+wrong axis (DequantizeLinear axis 0 of [vocab, hidden], its scales per hidden group), which ONNX Runtime refuses
+to run. The census counts MatMul weights only, so this changes no count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from temper.pipeline.decoders.spec import WeightOptions
+
+
+def _feeds(folder: Path, windows: Sequence[Sequence[int]]) -> list[dict[str, np.ndarray]]:
+    """One prefill call's inputs per window (an empty KV cache), the way the decoder session feeds the graph."""
+    from temper.artifacts.engines.decoder_session import DecoderSession
+
+    session = DecoderSession(folder)
+    past = [i.name for i in session.session.get_inputs() if i.name not in
+            (session.layout.input_ids, session.layout.attention_mask)]
+    feeds = []
+    for window in windows:
+        ids = np.asarray([window], np.int64)
+        feeds.append({session.layout.input_ids: ids, session.layout.attention_mask: np.ones_like(ids),
+                      **dict(zip(past, session.empty_cache()))})
+    return feeds
+
+
+def compress(base: Path, name: str, options: WeightOptions, kept: list[str], out: Path,
+             calibration: Sequence[Sequence[int]]) -> None:
+    """`out/name`: the baseline's weights compressed by NNCF as `options` says, the `kept` MatMuls left float."""
+    import nncf
+    import onnx
+    from nncf.onnx.quantization.backend_parameters import BackendParameters
+    from nncf.quantization.advanced_parameters import AdvancedCompressionParameters
+
+    logging.getLogger("nncf").setLevel(logging.ERROR)  # a table and progress bars per call otherwise
+    model = onnx.load(str(base / name), load_external_data=False)
+    advanced = AdvancedCompressionParameters(backend_params={BackendParameters.EXTERNAL_DATA_DIR: str(base)})
+    mode = nncf.CompressWeightsMode(options.mode)
+    int4 = options.mode.startswith("int4")
+    dataset = nncf.Dataset(_feeds(base, calibration)) if options.calibrates else None
+    with contextlib.redirect_stdout(io.StringIO()):  # rich progress bars on stdout, one per pass
+        compressed = nncf.compress_weights(
+            model, mode=mode, dataset=dataset, subset_size=len(calibration) or 1, advanced_parameters=advanced,
+            ignored_scope=nncf.IgnoredScope(names=kept, types=["Gather"] if options.all_layers else [],
+                                            validate=False),
+            **({"group_size": options.group_size, "ratio": options.ratio, "all_layers": options.all_layers,
+                "awq": options.awq, "scale_estimation": options.scale_estimation} if int4 else {}))
+    onnx.save_model(compressed, str(out / name), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=f"{name}.data", size_threshold=1024)

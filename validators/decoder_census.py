@@ -3,8 +3,9 @@ included), so a candidate labelled 4-bit whose quantizer skipped half the MatMul
 
 4-bit and 8-bit: MatMulNBits by its `bits` attribute; 8-bit also the INT8 dynamic forms (DynamicQuantizeMatMul,
 MatMulInteger); and a MatMul or Gemm whose weight is a DequantizeLinear of a constant, by that constant's type
-(INT4/UINT4 4-bit, INT8/UINT8 8-bit: what NNCF writes on opset 21 and up). Float: a MatMul or Gemm with a constant weight (an initializer), the ones a weight quantizer is
-asked to replace; MatMuls of two activations (attention inside plain graphs) are not weights and not counted.
+(INT4/UINT4 4-bit, INT8/UINT8 8-bit: what NNCF writes on opset 21 and up). Float: a MatMul or Gemm with a
+constant weight (an initializer), the ones a weight quantizer is asked to replace; MatMuls of two activations
+(attention inside plain graphs) are not weights and not counted.
 """
 
 from __future__ import annotations

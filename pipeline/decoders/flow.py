@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from temper.artifacts.core.errors import RecipeError, first_line
+from temper.artifacts.core.errors import EnvironmentProblem, RecipeError, first_line
 from temper.artifacts.core.folders import claim, discard, mark, replaceable, swap_in, sweep
 from temper.pipeline.decoders import build
 from temper.pipeline.decoders.loading import LoadedDecoder
@@ -114,6 +114,8 @@ def run(loaded: LoadedDecoder, output: Path, cache_root: Path, *, use_cache: boo
             options = spec.weights
             try:
                 folder, kept = build.candidate(base, options, staged / name, texts.calibration)
+            except EnvironmentProblem:  # a library not installed (NNCF): exit 3, not one candidate's failure
+                raise
             except Exception as exc:  # a library's failure on one candidate: reported, the others go on
                 not_built[name] = first_line(exc)
                 shutil.rmtree(staged / name, ignore_errors=True)

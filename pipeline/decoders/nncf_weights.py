@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,18 +41,22 @@ def _feeds(folder: Path, windows: Sequence[Sequence[int]]) -> list[dict[str, np.
 def compress(base: Path, name: str, options: WeightOptions, kept: list[str], out: Path,
              calibration: Sequence[Sequence[int]]) -> None:
     """`out/name`: the baseline's weights compressed by NNCF as `options` says, the `kept` MatMuls left float."""
-    import nncf
     import onnx
+
+    from temper.pipeline.quantize_backends.base import quiet_logger
+    from temper.pipeline.quantize_backends.nncf import require
+
+    nncf = require()  # with its telemetry off, as for the CNN/encoder quantize backend
+    from nncf.common.logging import nncf_logger  # a bit-width table per call on stdout otherwise
     from nncf.onnx.quantization.backend_parameters import BackendParameters
     from nncf.quantization.advanced_parameters import AdvancedCompressionParameters
 
-    logging.getLogger("nncf").setLevel(logging.ERROR)  # a table and progress bars per call otherwise
     model = onnx.load(str(base / name), load_external_data=False)
     advanced = AdvancedCompressionParameters(backend_params={BackendParameters.EXTERNAL_DATA_DIR: str(base)})
     mode = nncf.CompressWeightsMode(options.mode)
     int4 = options.mode.startswith("int4")
     dataset = nncf.Dataset(_feeds(base, calibration)) if options.calibrates else None
-    with contextlib.redirect_stdout(io.StringIO()):  # rich progress bars on stdout, one per pass
+    with quiet_logger(nncf_logger), contextlib.redirect_stdout(io.StringIO()):  # and rich progress bars
         compressed = nncf.compress_weights(
             model, mode=mode, dataset=dataset, subset_size=len(calibration) or 1, advanced_parameters=advanced,
             ignored_scope=nncf.IgnoredScope(names=kept, types=["Gather"] if options.all_layers else [],

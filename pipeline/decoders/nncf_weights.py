@@ -6,9 +6,10 @@ On the builder's graphs (opset 21 and up) NNCF writes each compressed weight as 
 blocked ones into MatMulNBits when it loads the model, and the census counts the stored pattern. The weights stay
 external data: the graph is read without them and NNCF reads each from the baseline's folder.
 
-With `all_layers` the embedding (a Gather) stays float: NNCF 3.4's ONNX backend blocks a 4-bit embedding on the
-wrong axis (DequantizeLinear axis 0 of [vocab, hidden], its scales per hidden group), which ONNX Runtime refuses
-to run. The census counts MatMul weights only, so this changes no count.
+The embedding (a Gather) is left out: NNCF 3.4's ONNX backend blocks a 4-bit embedding on the wrong axis
+(DequantizeLinear axis 0 of [vocab, hidden], scales per hidden group), which ONNX Runtime refuses to run, and on a
+tied embedding (SmolLM2: a Transpose of the LM head's weight) it fails outright. A tied one still reads the LM
+head's compressed weight; the census counts MatMul weights only either way.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def compress(base: Path, name: str, options: WeightOptions, kept: list[str], out
     with quiet_logger(nncf_logger), contextlib.redirect_stdout(io.StringIO()):  # and rich progress bars
         compressed = nncf.compress_weights(
             model, mode=mode, dataset=dataset, subset_size=len(calibration) or 1, advanced_parameters=advanced,
-            ignored_scope=nncf.IgnoredScope(names=kept, types=["Gather"] if options.all_layers else [],
+            ignored_scope=nncf.IgnoredScope(names=kept, types=["Gather"],
                                             validate=False),
             **({"group_size": options.group_size, "ratio": options.ratio, "all_layers": options.all_layers,
                 "awq": options.awq, "scale_estimation": options.scale_estimation} if int4 else {}))

@@ -50,7 +50,7 @@ def test_nncf_stores_the_weights_the_census_counts(baseline: Path, tmp_path: Pat
               if a.name == "block_size"}
     assert blocks == ({options["group_size"]} if "group_size" in options else set())
     embedding = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and "embed_tokens" in n.name]
-    assert len(embedding) == (0 if options.get("all_layers") else 1)  # all_layers: NNCF's 4-bit one cannot run
+    assert embedding == []  # left out: NNCF's 4-bit one cannot run, and a tied one fails
     assert (folder / "genai_config.json").is_file() and (folder / "tokenizer.json").is_file()
     assert (folder / "model.onnx.data").stat().st_size < (baseline / "model.onnx.data").stat().st_size
     quality = compare([[1, *range(40, 71)]] * 3, DecoderSession(baseline).logits, DecoderSession(folder).logits, 0.95)

@@ -127,13 +127,17 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_MEMORY] = _TreeMemory()
 
 
+HEAVY_FILES = ("test_minilm_", "test_smollm2_")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark `minilm` every test that loads MiniLM (those sharing its step cache, and tests/recipes/
-    test_minilm_*.py): make test runs them in a pytest process of their own, after the others ran two
-    at a time (`-n 2`), so that a MiniLM run's GiBs never sit beside another test's."""
+    """Mark `heavy` every test that loads a model of GiBs: MiniLM (those sharing its step cache, and
+    tests/recipes/test_minilm_*.py) and SmolLM2 (tests/recipes/test_smollm2_*.py). make test runs them in a
+    pytest process of their own, after the others ran two at a time (`-n 2`), so that their GiBs never sit
+    beside another test's."""
     for item in items:
-        if "minilm_cache" in getattr(item, "fixturenames", ()) or item.path.name.startswith("test_minilm_"):
-            item.add_marker(pytest.mark.minilm)
+        if "minilm_cache" in getattr(item, "fixturenames", ()) or item.path.name.startswith(HEAVY_FILES):
+            item.add_marker(pytest.mark.heavy)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

@@ -15,6 +15,7 @@ A message that does not parse ends the stream with grpcio's own status (INTERNAL
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import queue
 import threading
 from collections.abc import Iterator
@@ -28,6 +29,8 @@ from temper.artifacts.formats.repository import ModelNotServed
 if TYPE_CHECKING:
     from temper.artifacts.serving.client_shm import Target
     from temper.artifacts.serving.models import Loaded
+
+log = logging.getLogger(__name__)
 
 PUT_TICK_S = 0.1  # how often a reader held back by a full stream checks that the stream is still open
 # one request of a stream: (request, its model, its future and outputs) when queued, else (request, None, error)
@@ -79,8 +82,8 @@ class StreamInfer:
                     return
         except grpc.RpcError:  # the client cancelled, or grpcio could not parse a message
             pass
-        except Exception:  # what grpcio raises on a stream already torn down
-            pass
+        except Exception as exc:  # noqa: BLE001 - what grpcio raises on a stream already torn down
+            log.debug("stream closed while reading: %s", exc)
         _put(started, None, context)
 
     def _begin(self, request: pb.ModelInferRequest) -> Started:

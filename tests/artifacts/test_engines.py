@@ -22,8 +22,8 @@ from temper.artifacts.engines import ENGINES, Settings
 from temper.artifacts.engines.onnxruntime import SessionSettings, provider_chain
 from temper.artifacts.engines.providers import CUDA, PROVIDERS, EngineName
 from tests.artifacts.runtimes import linear_model
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 # the names that tell one runtime from another: only artifacts/engines/ may use them
 RUNTIME_NAMES = {"is_openvino", "OpenVinoSession", "OpenVinoSettings", "OnnxRuntime", "OpenVino", "load_openvino"}
 

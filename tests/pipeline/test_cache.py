@@ -12,8 +12,7 @@ import platformdirs
 import pytest
 
 from temper.pipeline.cache import RecordStore, StepCache, default_root, key_of
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 
 def _produce(tmp_path: Path, payload: bytes) -> Path:

@@ -17,11 +17,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tests.helpers import CliResult
+from tests.helpers import REPO, CliResult
 from tests.pipeline.decoders.tiny import TEXT
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _gguf() -> Path:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.helpers import REPO
+
 TEXT = REPO / "recipes" / "data" / "rt_polarity_test.csv"
 
 

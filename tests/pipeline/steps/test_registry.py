@@ -24,8 +24,8 @@ from temper.pipeline.steps import (
     uses_evaluation,
 )
 from temper.pipeline.steps.base import Step
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[3]
 DIGITS = {"version": 1, "name": "r", "model": {"onnx": "m.onnx", "inputs": [{"name": "x", "shape": [1, 4]}],
                                                 "outputs": ["y"]}}
 

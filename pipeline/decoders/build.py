@@ -107,9 +107,8 @@ def kept_float(base: Path, options: WeightOptions) -> list[str]:
 def candidate(base: Path, options: WeightOptions, out: Path,
               calibration: Sequence[Sequence[int]] = ()) -> tuple[Path, list[str]]:
     """`out`: the baseline's weights stored as `options` says, beside the baseline's side files; and the weight
-    MatMuls left in float. `calibration`: token windows for a data-aware method (NNCF's AWQ, scale estimation)."""
-    import onnx
-
+    MatMuls left in float. `calibration`: token windows for a data-aware method (NNCF's AWQ, scale estimation,
+    GPTQ)."""
     from temper.artifacts.engines.decoder_session import DecoderLayout
 
     out.mkdir(parents=True, exist_ok=True)
@@ -129,25 +128,8 @@ def candidate(base: Path, options: WeightOptions, out: Path,
 
         compress(base, name, options, kept, out, calibration)
     else:
-        from onnxruntime.quantization.matmul_nbits_quantizer import (
-            DefaultWeightOnlyQuantConfig,
-            HQQWeightOnlyQuantConfig,
-            MatMulNBitsQuantizer,
-        )
+        from temper.pipeline.decoders.nbits_weights import quantize
 
-        config = (HQQWeightOnlyQuantConfig(block_size=options.block_size, bits=options.bits)
-                  if options.algorithm == "hqq" else
-                  DefaultWeightOnlyQuantConfig(block_size=options.block_size, is_symmetric=options.symmetric,
-                                               accuracy_level=options.accuracy_level or None, bits=options.bits))
-        quantizer = MatMulNBitsQuantizer(onnx.load(str(base / name)), algo_config=config, nodes_to_exclude=kept)
-        quantizer.process()
-        model = quantizer.model.model
-        for node in model.graph.node:  # HQQ does not set it: every MatMulNBits gets the recipe's compute type
-            if node.op_type == "MatMulNBits" and options.accuracy_level:
-                others = [a for a in node.attribute if a.name != "accuracy_level"]
-                del node.attribute[:]
-                node.attribute.extend([*others, onnx.helper.make_attribute("accuracy_level", options.accuracy_level)])
-        onnx.save_model(model, str(out / name), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=f"{name}.data", size_threshold=1024)
+        quantize(base, name, options, kept, out, calibration)
     _side_files(base, out)
     return out, kept

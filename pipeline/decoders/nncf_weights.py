@@ -19,24 +19,7 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from temper.pipeline.decoders.spec import WeightOptions
-
-
-def _feeds(folder: Path, windows: Sequence[Sequence[int]]) -> list[dict[str, np.ndarray]]:
-    """One prefill call's inputs per window (an empty KV cache), the way the decoder session feeds the graph."""
-    from temper.artifacts.engines.decoder_session import DecoderSession
-
-    session = DecoderSession(folder)
-    past = [i.name for i in session.session.get_inputs() if i.name not in
-            (session.layout.input_ids, session.layout.attention_mask)]
-    feeds = []
-    for window in windows:
-        ids = np.asarray([window], np.int64)
-        feeds.append({session.layout.input_ids: ids, session.layout.attention_mask: np.ones_like(ids),
-                      **dict(zip(past, session.empty_cache()))})
-    return feeds
 
 
 def compress(base: Path, name: str, options: WeightOptions, kept: list[str], out: Path,
@@ -44,6 +27,7 @@ def compress(base: Path, name: str, options: WeightOptions, kept: list[str], out
     """`out/name`: the baseline's weights compressed by NNCF as `options` says, the `kept` MatMuls left float."""
     import onnx
 
+    from temper.pipeline.decoders.calibration import prefill_feeds
     from temper.pipeline.quantize_backends.base import quiet_logger
     from temper.pipeline.quantize_backends.nncf import require
 
@@ -56,7 +40,7 @@ def compress(base: Path, name: str, options: WeightOptions, kept: list[str], out
     advanced = AdvancedCompressionParameters(backend_params={BackendParameters.EXTERNAL_DATA_DIR: str(base)})
     mode = nncf.CompressWeightsMode(options.mode)
     int4 = options.mode.startswith("int4")
-    dataset = nncf.Dataset(_feeds(base, calibration)) if options.calibrates else None
+    dataset = nncf.Dataset(prefill_feeds(base, calibration)) if options.calibrates else None
     with quiet_logger(nncf_logger), contextlib.redirect_stdout(io.StringIO()):  # and rich progress bars
         compressed = nncf.compress_weights(
             model, mode=mode, dataset=dataset, subset_size=len(calibration) or 1, advanced_parameters=advanced,

@@ -40,8 +40,9 @@ class TextData(Strict):
     sequence_length: int = Field(64, ge=2, le=8192, description="tokens per sequence")
     prompts: PositiveInt = Field(2, description="prompts of the greedy generation check (the first rows)")
     prompt_tokens: int = Field(16, ge=1, description="tokens of each generation prompt")
-    calibration_sequences: PositiveInt = Field(8, description="windows after the gated ones that NNCF's AWQ and "
-                                               "scale estimation calibrate on (read only when a candidate asks)")
+    calibration_sequences: PositiveInt = Field(8, description="windows after the gated ones that NNCF's AWQ, "
+                                               "scale estimation and GPTQ calibrate on (read only when a candidate "
+                                               "asks)")
 
     @model_validator(mode="after")
     def _column(self) -> TextData:
@@ -54,15 +55,17 @@ class WeightOptions(Strict):
     """How a candidate's weight matrices are stored. `int8-dynamic`: ONNX Runtime's quantize_dynamic on every
     MatMul (INT8 weights, activations quantized per call). `matmul-nbits`: ONNX Runtime's MatMulNBitsQuantizer,
     `bits` per weight in blocks of `block_size`; `algorithm` rtn is its built-in round-to-nearest (the DEFAULT
-    config), hqq its half-quadratic quantizer; `accuracy_level` 4 lets the CPU kernel compute in INT8. `nncf`:
+    config), hqq its half-quadratic quantizer, k_quant llama.cpp's per-block scale and minimum search, gptq GPTQ
+    calibrated on held-out windows of the recipe's text (4-bit only; k_quant and gptq are the Intel Neural Compressor
+    code ONNX Runtime vendors); `accuracy_level` 4 lets the CPU kernel compute in INT8. `nncf`:
     NNCF's compress_weights in `mode`, 4-bit weights in groups of `group_size`, `ratio` of them at 4 bits and the
     rest at its INT8 backup, optionally AWQ and scale estimation on held-out windows of the recipe's text."""
 
     method: Literal["int8-dynamic", "matmul-nbits", "nncf"]
     bits: Literal[4, 8] = 4
-    algorithm: Literal["rtn", "hqq"] = "rtn"
+    algorithm: Literal["rtn", "hqq", "k_quant", "gptq"] = "rtn"
     block_size: Literal[16, 32, 64, 128, 256] = 128
-    symmetric: bool = Field(False, description="rtn only: symmetric blocks (no zero point)")
+    symmetric: bool = Field(False, description="rtn and gptq only: symmetric blocks (no zero point)")
     accuracy_level: Literal[0, 1, 2, 3, 4] = Field(4, description="MatMulNBits' compute type: 0 unset, "
                                                    "1 fp32, 2 fp16, 3 bf16, 4 int8 (the CPU's fast path)")
 
@@ -91,14 +94,18 @@ class WeightOptions(Strict):
         if self.mode.startswith("int8") and int4_only:
             raise ValueError(f"'{sorted(int4_only)[0]}' applies to nncf's int4 modes only (int8 is per channel, "
                              "every weight)")
-        if self.algorithm == "hqq" and "symmetric" in self.model_fields_set:
-            raise ValueError("'symmetric' applies to algorithm rtn only")
+        if self.algorithm in ("hqq", "k_quant") and "symmetric" in given:
+            raise ValueError(f"'symmetric' applies to algorithms rtn and gptq only ({self.algorithm} stores a zero "
+                             "point per block)")
+        if self.algorithm == "gptq" and self.bits != 4:
+            raise ValueError("algorithm gptq stores 4-bit weights only (ONNX Runtime's GPTQ leaves other widths "
+                             "float)")
         return self
 
     @property
     def calibrates(self) -> bool:
-        """Whether building this candidate needs calibration text (NNCF's AWQ or scale estimation)."""
-        return self.awq or self.scale_estimation
+        """Whether building this candidate needs calibration text (NNCF's AWQ or scale estimation, GPTQ)."""
+        return self.awq or self.scale_estimation or (self.method == "matmul-nbits" and self.algorithm == "gptq")
 
     @property
     def expected(self) -> str:

@@ -1,0 +1,103 @@
+"""A `matmul-nbits` decoder candidate: ONNX Runtime's MatMulNBitsQuantizer writing each weight MatMul as
+MatMulNBits, by its own RTN (the DEFAULT config), HQQ, or the k-quant and GPTQ it vendors from Intel Neural
+Compressor (`onnxruntime.quantization.neural_compressor.weight_only`, no INC install needed).
+
+k-quant is llama.cpp's search for each block's scale and minimum (weighted by magnitude, no data); GPTQ quantizes
+input channel by input channel, pushing each one's error onto those not yet quantized through the inverse Hessian
+of the layer's inputs, which it gathers from prefill calls on the recipe's held-out windows (ONNX Runtime 1.32's
+own loop propagates nothing: temper's loop in gptq.py runs in its place).
+
+Both go through INC's per-node `weight_config`, which ONNX Runtime 1.32 builds at 4 bits whatever `bits` says and
+without the excluded nodes for GPTQ (only RTN and k-quant mark them "fp32", the skip marker both INC functions
+read): `_PerNode` writes that config from the quantizer's own bits and exclusions, so `bits: 8` (k-quant) and
+`keep_float` (both) hold. GPTQ writes MatMulNBits at 4 bits only (at 8 it leaves fake-quantized float weights):
+the recipe refuses gptq with bits 8.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from temper.pipeline.decoders.spec import WeightOptions
+
+
+class _Windows:
+    """GPTQ's calibration reader: the prefill feeds in order (ONNX Runtime deep-copies it before reading)."""
+
+    def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
+        self.feeds = feeds
+        self.index = 0
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        if self.index == len(self.feeds):
+            return None
+        self.index += 1
+        return self.feeds[self.index - 1]
+
+    def __iter__(self) -> _Windows:
+        return copy.copy(self)  # a fresh cursor over the same feeds
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        feed = self.get_next()
+        if feed is None:
+            raise StopIteration
+        return feed
+
+
+def _per_node(base: Any) -> Any:
+    class _PerNode(base):
+        """INC's per-node config at the quantizer's bits, the excluded nodes marked "fp32" (see the module)."""
+
+        def _generate_q4_node_config(self) -> dict[str, Any]:
+            config = super()._generate_q4_node_config()
+            return {n: "fp32" if n in self.nodes_to_exclude else {**c, "bits": self.bits} for n, c in config.items()}
+
+    return _PerNode
+
+
+def quantize(base: Path, name: str, options: WeightOptions, kept: list[str], out: Path,
+             calibration: Sequence[Sequence[int]]) -> None:
+    """`out/name`: the baseline's weight MatMuls as MatMulNBits, `options.algorithm`'s way, `kept` left float, each
+    MatMulNBits at the recipe's `accuracy_level`."""
+    import onnx
+    from onnxruntime.quantization import matmul_nbits_quantizer as nbits
+
+    algorithm, level = options.algorithm, options.accuracy_level
+    config: Any
+    if algorithm == "hqq":
+        config = nbits.HQQWeightOnlyQuantConfig(block_size=options.block_size, bits=options.bits)
+    elif algorithm == "k_quant":
+        config = nbits.KQuantWeightOnlyQuantConfig()
+    elif algorithm == "gptq":
+        if not calibration:
+            raise ValueError("gptq calibrates: give it token windows (the recipe's data.calibration_sequences)")
+        from temper.pipeline.decoders.calibration import prefill_feeds
+        from temper.pipeline.decoders.gptq import swapped_in
+
+        config = nbits.GPTQWeightOnlyQuantConfig(calibration_data_reader=_Windows(prefill_feeds(base, calibration)))
+    else:
+        config = nbits.DefaultWeightOnlyQuantConfig(block_size=options.block_size, is_symmetric=options.symmetric,
+                                                    accuracy_level=level or None, bits=options.bits)
+    quantizer = _per_node(nbits.MatMulNBitsQuantizer)(
+        onnx.load(str(base / name)), bits=options.bits, block_size=options.block_size,
+        is_symmetric=options.symmetric, accuracy_level=level or None, nodes_to_exclude=kept, algo_config=config)
+    logging.getLogger("neural_compressor").setLevel(logging.ERROR)  # k-quant's note that it runs on the CPU
+    fixed = swapped_in() if algorithm == "gptq" else contextlib.nullcontext()
+    with fixed, contextlib.redirect_stdout(io.StringIO()):  # INC prints a progress bar per MatMul
+        quantizer.process()
+    model = quantizer.model.model
+    for node in model.graph.node:  # HQQ does not set it: every MatMulNBits gets the recipe's compute type
+        if node.op_type == "MatMulNBits" and level:
+            others = [a for a in node.attribute if a.name != "accuracy_level"]
+            del node.attribute[:]
+            node.attribute.extend([*others, onnx.helper.make_attribute("accuracy_level", level)])
+    onnx.save_model(model, str(out / name), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=f"{name}.data", size_threshold=1024)

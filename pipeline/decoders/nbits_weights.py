@@ -63,6 +63,17 @@ def _per_node(base: Any) -> Any:
     return _PerNode
 
 
+def _odd_blocks(model: Any, kept: list[str], block: int) -> str | None:
+    """The first weight MatMul whose input channels make an odd number of blocks: INC packs two 4-bit zero points
+    a byte per output channel and cannot split the last byte (it fails with a bare numpy reshape error)."""
+    shapes = {t.name: list(t.dims) for t in model.graph.initializer}
+    for node in model.graph.node:
+        dims = shapes.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) > 1 else None
+        if dims and len(dims) == 2 and node.name not in kept and -(-dims[0] // block) % 2:
+            return f"{node.name} has {dims[0]} input channels, {-(-dims[0] // block)} blocks of {block}"
+    return None
+
+
 def quantize(base: Path, name: str, options: WeightOptions, kept: list[str], out: Path,
              calibration: Sequence[Sequence[int]]) -> None:
     """`out/name`: the baseline's weight MatMuls as MatMulNBits, `options.algorithm`'s way, `kept` left float, each
@@ -86,8 +97,14 @@ def quantize(base: Path, name: str, options: WeightOptions, kept: list[str], out
     else:
         config = nbits.DefaultWeightOnlyQuantConfig(block_size=options.block_size, is_symmetric=options.symmetric,
                                                     accuracy_level=level or None, bits=options.bits)
+    model = onnx.load(str(base / name))
+    odd = _odd_blocks(model, kept, options.block_size) if algorithm == "k_quant" or (
+        algorithm == "gptq" and not options.symmetric) else None
+    if odd and options.bits == 4:
+        raise ValueError(f"{algorithm} at 4 bits needs an even number of blocks per weight column (ONNX Runtime's "
+                         f"zero-point packing): {odd}")
     quantizer = _per_node(nbits.MatMulNBitsQuantizer)(
-        onnx.load(str(base / name)), bits=options.bits, block_size=options.block_size,
+        model, bits=options.bits, block_size=options.block_size,
         is_symmetric=options.symmetric, accuracy_level=level or None, nodes_to_exclude=kept, algo_config=config)
     logging.getLogger("neural_compressor").setLevel(logging.ERROR)  # k-quant's note that it runs on the CPU
     fixed = swapped_in() if algorithm == "gptq" else contextlib.nullcontext()

@@ -67,6 +67,16 @@ def test_each_algorithm_stores_the_weights_as_asked(baseline: Path, tmp_path: Pa
     assert 0 < quality.kl < 0.05 and quality.agreement > 0.5
 
 
+@pytest.mark.parametrize("options", [{"algorithm": "k_quant", "block_size": 128},
+                                     {"algorithm": "gptq", "block_size": 64}])
+def test_an_odd_number_of_blocks_is_one_clear_line(baseline: Path, tmp_path: Path, options: dict[str, object]) -> None:
+    """64 input channels are one block of 64 or 128: ONNX Runtime's INC code cannot pack its zero point."""
+    weights = WeightOptions.model_validate({"method": "matmul-nbits", **options})
+    with pytest.raises(ValueError, match=r"needs an even number of blocks .*: /model/layers\.0/.* has 64 input "
+                                         rf"channels, 1 blocks of {options['block_size']}"):
+        build.candidate(baseline, weights, tmp_path / "c", WINDOWS)
+
+
 def test_gptq_quantizes_from_the_calibration_windows(baseline: Path, tmp_path: Path) -> None:
     weights = WeightOptions.model_validate({"method": "matmul-nbits", "algorithm": "gptq", "block_size": 32})
     assert weights.calibrates

@@ -98,8 +98,7 @@ def quantize(base: Path, name: str, options: WeightOptions, kept: list[str], out
         config = nbits.DefaultWeightOnlyQuantConfig(block_size=options.block_size, is_symmetric=options.symmetric,
                                                     accuracy_level=level or None, bits=options.bits)
     model = onnx.load(str(base / name))
-    odd = _odd_blocks(model, kept, options.block_size) if algorithm == "k_quant" or (
-        algorithm == "gptq" and not options.symmetric) else None
+    odd = _odd_blocks(model, kept, options.block_size) if algorithm in ("k_quant", "gptq") else None
     if odd and options.bits == 4:
         raise ValueError(f"{algorithm} at 4 bits needs an even number of blocks per weight column (ONNX Runtime's "
                          f"zero-point packing): {odd}")

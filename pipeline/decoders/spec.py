@@ -65,7 +65,7 @@ class WeightOptions(Strict):
     bits: Literal[4, 8] = 4
     algorithm: Literal["rtn", "hqq", "k_quant", "gptq"] = "rtn"
     block_size: Literal[16, 32, 64, 128, 256] = 128
-    symmetric: bool = Field(False, description="rtn and gptq only: symmetric blocks (no zero point)")
+    symmetric: bool = Field(False, description="rtn only: symmetric blocks (no zero point)")
     accuracy_level: Literal[0, 1, 2, 3, 4] = Field(4, description="MatMulNBits' compute type: 0 unset, "
                                                    "1 fp32, 2 fp16, 3 bf16, 4 int8 (the CPU's fast path)")
 
@@ -94,9 +94,9 @@ class WeightOptions(Strict):
         if self.mode.startswith("int8") and int4_only:
             raise ValueError(f"'{sorted(int4_only)[0]}' applies to nncf's int4 modes only (int8 is per channel, "
                              "every weight)")
-        if self.algorithm in ("hqq", "k_quant") and "symmetric" in given:
-            raise ValueError(f"'symmetric' applies to algorithms rtn and gptq only ({self.algorithm} stores a zero "
-                             "point per block)")
+        if self.algorithm != "rtn" and "symmetric" in given:
+            raise ValueError(f"'symmetric' applies to algorithm rtn only ({self.algorithm} stores a zero point per "
+                             "block)")
         if self.algorithm == "gptq" and self.bits != 4:
             raise ValueError("algorithm gptq stores 4-bit weights only (ONNX Runtime's GPTQ leaves other widths "
                              "float)")

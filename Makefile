@@ -6,7 +6,7 @@ BIN    := $(abspath $(VENV))/bin
 STAMP  := $(VENV)/.installed-stamp
 TYPES  := build/types
 
-.PHONY: help run test test-fast check lint types unit perf-analyzer
+.PHONY: help run test test-fast check lint types unit perf-analyzer prometheus
 help:  ## list the targets
 	@awk -F':.*## ' '/^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
@@ -17,13 +17,17 @@ run: $(STAMP)  ## build, gate and publish the digits recipe (the main job)
 # plain `pytest` skips those. tests/tools/suite.sh runs it in two pytest runs (the MiniLM tests in their
 # own), each printing its 15 slowest tests and its peak RSS (tests/conftest.py; /usr/bin/time is not on
 # a fresh Debian).
-test: lint types $(STAMP) perf-analyzer  ## what CI runs: ruff, mypy, the whole suite
+test: lint types $(STAMP) perf-analyzer prometheus  ## what CI runs: ruff, mypy, the whole suite
 	PYTHON=$(BIN)/python tests/tools/suite.sh
 
 # Triton's perf_analyzer for tests/artifacts/test_perf_analyzer.py, in .cache/perf_analyzer (never the venv):
 # downloaded once (tritonclient 2.47.0's binary, libb64, libcudart); later runs find it there.
 perf-analyzer:  ## install perf_analyzer for the serving tests
 	PYTHON=$(BIN)/python tests/tools/perf_analyzer.sh
+
+# Prometheus and promtool (Debian's 2.42) for tests/artifacts/test_alert_rules.py, in .cache/prometheus.
+prometheus:  ## install Prometheus for the alert-rule tests
+	tests/tools/prometheus.sh
 
 test-fast: $(STAMP)  ## the default pytest run: every test not marked slow
 	$(BIN)/python -m pytest --durations=15

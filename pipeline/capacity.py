@@ -8,7 +8,9 @@ search does.
   (p99 over it, a request unanswered, or the rate not really offered), then `steps` geometric bisections between
   the last rate under and the first over.
 - Every other configuration is first offered the best knee so far: under it, it climbs and bisects the same way
-  (it may beat the best); over it, it cannot, and the search moves on (pruned: one run).
+  (it may beat the best); over it, the point is run once more, and only over it twice is the configuration
+  pruned (two runs): one noisy point must not rule out a dimension, as the search changes one at a time and
+  never comes back to a value it pruned.
 - The chosen configuration is the one whose measured point under the target has the highest rate.
 - Its knee is then measured again `rounds` times, each on a fresh server, from the knee found (steps of 1.25x up or
   down, then the bisections): the knees' median is the capacity, with their spread and a 95% t-interval.
@@ -71,7 +73,7 @@ def climb(at: Callable[[float], bool], start: float, factor: float, search: Sear
     """Find the knee: `at(rate)` runs one point and says whether it was under the target."""
     low = high = None
     rate = start
-    if at(rate):
+    if at(rate) or (prune and at(rate)):  # a configuration is pruned on two points over, not one
         low = rate
         while (rate := rate * factor) <= search.ceiling:
             if not at(rate):

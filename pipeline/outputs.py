@@ -266,3 +266,17 @@ def backup_of(output: Path, served: str | None = None) -> str | None:
             top = max(m.batch_size for m in candidate.throughput)
             ranked.append((max(m.samples_per_s for m in candidate.throughput if m.batch_size == top), candidate.model))
     return max(ranked)[1] if ranked else None
+
+
+def backup_beside(model: Path) -> tuple[Path, ServingConfig] | None:
+    """A run's model's burst fallback backup (backup_of, other than that model) as servable gives it: its folder and
+    the serving config publishing would give it; None outside a run's output folder, or when no other pair passed."""
+    output = model.parent
+    if not (output / MANIFEST).is_file():
+        return None
+    name = backup_of(output, model.name)
+    if name is None:
+        return None
+    found, config = servable(output / name)
+    assert config is not None  # a model in a run's output folder, never a bundle
+    return found, config

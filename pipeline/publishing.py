@@ -12,9 +12,9 @@ from temper.artifacts.core import versions
 from temper.artifacts.core.errors import EnvironmentProblem, first_line
 from temper.artifacts.core.host import HostProfile
 from temper.artifacts.formats import bundle
+from temper.artifacts.formats.bundle import BACKUP
 from temper.artifacts.formats.integrity import sha256_of
 from temper.artifacts.registry.store import Published, StoreUnreachable, open_store, record_run, register
-from temper.artifacts.serving.fallback import BACKUP
 from temper.pipeline.cache import MODEL_FILE
 from temper.pipeline.loading import LoadedRecipe
 from temper.pipeline.outputs import MANIFEST, backup_of, servable, serving_layout

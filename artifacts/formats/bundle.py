@@ -222,6 +222,15 @@ def write(dest: Path, model_path: Path, config: ServingConfig, extras: Sequence[
     return dest
 
 
+BACKUP = "backup"  # a bundle's burst fallback backup model (artifacts/serving/fallback.py): itself a bundle
+
+
+def backup_folder(folder: Path) -> Path | None:
+    """The bundle's backup model folder, when it carries one."""
+    found = folder / BACKUP
+    return found if (found / MODEL).is_file() and (found / CONFIG).is_file() else None
+
+
 def read(folder: Path) -> ServingConfig:
     path = folder / CONFIG
     if not path.is_file() or not (folder / MODEL).is_file():

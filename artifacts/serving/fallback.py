@@ -20,8 +20,9 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+from temper.artifacts.formats.bundle import BACKUP
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,16 +31,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("temper.serving")
 
-BACKUP = "backup"  # the backup model's folder inside a bundle
 WINDOW_S = 0.05  # the primary's recent answers are averaged over windows this long
 RECOVER = 0.5  # back to the primary once its estimate is under this share of the target
 PRIMARY = "primary"
-
-
-def backup_folder(folder: Path) -> Path | None:
-    """The bundle's backup model folder, when it carries one."""
-    found = folder / BACKUP
-    return found if (found / "model.onnx").is_file() and (found / "runtime.json").is_file() else None
 
 
 class BurstFallback:

@@ -9,7 +9,8 @@ in the order the requests came.
 Limits, so that streams cannot take what unary calls need: one stream holds a pool thread for its life, so at
 most `max_streams` are open at once (past that, RESOURCE_EXHAUSTED); a stream holds at most `depth` requests
 queued or waiting to be answered, after which it reads no more (HTTP/2 flow control then holds the client back).
-A message that does not parse ends the stream with grpcio's own status (INTERNAL), not one error_message.
+A message that does not parse ends the stream with grpcio's own status (INTERNAL), not one error_message:
+Triton ends it too (a failed read is the end of the client's side), with OK.
 """
 
 from __future__ import annotations

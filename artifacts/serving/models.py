@@ -96,7 +96,8 @@ class Loaded:
         return None if used is None else int(used * 2**20)
 
 
-def _build(source: Source, instances: int | None) -> Runtime:
+def runtime_of(source: Source, instances: int | None) -> Runtime:
+    """A version folder's Runtime, as the repository serves it (no backup model: pipeline/cli/backups.py adds one)."""
     return Runtime(source.folder, config=source.serving_config(), instances=instances)
 
 
@@ -104,7 +105,7 @@ class Models:
     """Thread safe: the REST event loop, the gRPC threads and loads on worker threads read and change it."""
 
     def __init__(self, catalog: Catalog, mode: str = "none", startup: list[str] | None = None, strict: bool = True,
-                 instances: int | None = 0, build: Callable[[Source, int | None], Runtime] = _build,
+                 instances: int | None = 0, build: Callable[[Source, int | None], Runtime] = runtime_of,
                  notify: Callable[[str], None] | None = None) -> None:
         """`startup`: what explicit mode loads at start (names, or ['*']); none mode loads everything.
         `notify` hears each model's warnings (an unchecked bundle, another host, other libraries) as it loads."""

@@ -58,8 +58,8 @@ import onnx
 from temper.artifacts import engines
 from temper.artifacts.core.folders import MARKER, is_marked, mark, replaceable
 from temper.artifacts.engines.providers import PROVIDERS, Provider
+from temper.artifacts.formats.bundle import BACKUP, MODEL, ServingConfig, TensorSpec, backup_folder, read, write
 from temper.artifacts.formats.bundle import CONFIG as BUNDLE_CONFIG
-from temper.artifacts.formats.bundle import MODEL, ServingConfig, TensorSpec, read
 from temper.artifacts.formats.capacity import CAPACITY, Capacity
 from temper.artifacts.formats.capacity import PLOT as CAPACITY_PLOT
 from temper.artifacts.formats.capacity import read as read_capacity
@@ -135,7 +135,7 @@ def plan(bundle: Path, config: ServingConfig, instances: int | None, kind: str) 
 
 def export_repository(bundle: Path, dest: Path, instances: int | None = None, kind: str = "KIND_AUTO",
                       config: ServingConfig | None = None, version: str = VERSION,
-                      evidence: Path | None = None) -> Path:
+                      evidence: Path | None = None, backup: tuple[Path, ServingConfig] | None = None) -> Path:
     """Write a Triton model repository: dest/<config.name>/config.pbtxt and dest/<name>/<version>/ holding
     model.onnx (plus external data if any) and the bundle's own files, runtime.json, manifest.json and
     report.json, so that each version folder is a temper bundle `temper serve` serves too (Triton's
@@ -149,7 +149,11 @@ def export_repository(bundle: Path, dest: Path, instances: int | None = None, ki
     holding model.onnx: a model of a run's output folder, with the options publishing would give it; then
     `evidence`, that run's output folder when the model is the one its report.json selected, lends the
     version folder its manifest.json and report.json, so that serving the repository checks the model's sha256
-    as serving a published bundle does (another candidate has no report naming it, and stays unchecked)."""
+    as serving a published bundle does (another candidate has no report naming it, and stays unchecked).
+
+    The burst fallback's backup model goes into the version folder's backup/ (Triton ignores it; `temper serve
+    REPO --burst-fallback-ms` serves it): a bundle's own backup/, or `backup`, a run's backup pair (its model
+    folder and the serving config publishing would give it)."""
     given = config
     chosen = plan(bundle, config or read(bundle), instances, kind)
     config, instances, kind = chosen.config, chosen.instances, chosen.kind
@@ -181,6 +185,10 @@ def export_repository(bundle: Path, dest: Path, instances: int | None = None, ki
             shutil.copy2(file, target)
         for file in vouching:
             shutil.copy2(file, staging / version / file.name)
+        if backup is not None:
+            write(staging / version / BACKUP, backup[0] / MODEL, backup[1])
+        elif (own := backup_folder(bundle)) is not None:
+            shutil.copytree(own, staging / version / BACKUP)
         if given is not None:  # a run's model: runtime.json is the config publishing would give it
             (staging / version / BUNDLE_CONFIG).write_text(given.model_dump_json(indent=2) + "\n")
         (staging / CONFIG).write_text(text)

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -24,6 +25,8 @@ from typer._click.exceptions import NoArgsIsHelpError  # typer bundles click: `c
 from temper.artifacts.core import native_logs
 from temper.artifacts.core.errors import Interrupted, TemperError, reraise_interrupt
 from temper.pipeline.cli import runtime_check
+
+IMPORT_POLL_S = 0.05  # an interrupt that came during an import is delivered this long after, or later
 
 runtime_check.exit_without_runtime()  # before the commands' modules import onnxruntime
 
@@ -64,8 +67,23 @@ def _options(
     native_logs.quiet(not debug)
 
 
-def _interrupt(signum: int, frame: object) -> None:
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """Raise Interrupted where the main thread is, or, inside an import, once it is out of it (polled): torch's C++
+    imports modules through pybind11, where an exception raised by a handler aborts the process (`terminate
+    called`), exit 134 with the output folder's partial copies left behind."""
+    if _importing(frame):
+        signal.signal(signal.SIGALRM, lambda _, later: _interrupt(signum, later))
+        signal.setitimer(signal.ITIMER_REAL, IMPORT_POLL_S)
+        return
     raise Interrupted(signum)
+
+
+def _importing(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def main() -> None:

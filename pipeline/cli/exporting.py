@@ -51,6 +51,7 @@ def export(model: str, folder: Path, given: ServingConfig | None, served: str, d
     from temper.artifacts.formats.bundle import read
     from temper.artifacts.triton.cluster import writable, write_manifests
     from temper.artifacts.triton.config import export_repository, folder_name, plan
+    from temper.pipeline.outputs import backup_beside
 
     try:
         config = given or read(folder)
@@ -69,7 +70,8 @@ def export(model: str, folder: Path, given: ServingConfig | None, served: str, d
         raise RecipeError(str(kube), "--manifests", str(exc)) from None
     try:
         written = export_repository(folder, dest, instances=instances, kind=kind, config=given,
-                                    version=str(version or served), evidence=evidence)
+                                    version=str(version or served), evidence=evidence,
+                                    backup=backup_beside(folder) if given is not None else None)
     except FileExistsError as exc:  # the model's folder there is not temper's
         raise RecipeError(str(dest), "--dest", str(exc)) from None
     except OSError as exc:  # a full disk (exit 3), a folder this user cannot write

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from temper.artifacts.core.errors import EnvironmentProblem, RecipeError, first_line
+from temper.pipeline.cli import backups
 
 if TYPE_CHECKING:
     from temper.artifacts.formats.bundle import ServingConfig
@@ -45,10 +46,9 @@ def loaded_models(model: str, tracking: str | None, control: str, load_model: li
 
     path = Path(model)
     if not model.startswith("models:/") and ModelRepository.recognizes(path):
-        if fallback_ms is not None:
-            raise RecipeError(model, "--burst-fallback-ms", "serves one bundle's backup model; a repository has none")
         repository = ModelRepository(path)
         names = repository.names()
+        build, fallback = backups.repository_build(model, repository, fallback_ms, warn)
         for name in load_model:
             if name != EVERY and name not in names:
                 raise RecipeError(model, "--load-model", f"'{name}' is not a model of the repository (it has: "
@@ -63,62 +63,15 @@ def loaded_models(model: str, tracking: str | None, control: str, load_model: li
                 raise EnvironmentProblem(str(exc)) from None
             except LoadFailed as exc:
                 raise RecipeError(str(path / name), "", str(exc)) from None
-        models = Models(repository, control, load_model, strict, instances, notify=warn)
+        models = Models(repository, control, load_model, strict, instances, build=build, notify=warn)
         yield models, (f"the repository {model} ({len(names)} model(s): {', '.join(names)}; model control {control}, "
-                       f"{len(at_start)} loaded at start)")
+                       f"{len(at_start)} loaded at start){fallback}")
         return
     with located(model, tracking) as (folder, config, unchecked, version):
         models, what = _single(model, folder, config, unchecked, version, control, load_model, strict, instances, warn)
         if fallback_ms is not None:
-            what += _with_backup(model, folder, models, instances, fallback_ms)
+            what += backups.with_backup(model, folder, models, instances, fallback_ms)
         yield models, what
-
-
-def _with_backup(model: str, folder: Path, models: Models, instances: int | None, target_ms: float) -> str:
-    """Attach the burst fallback's backup model (artifacts/serving/fallback.py) to the one model served."""
-    from temper.artifacts.serving.fallback import BurstFallback, backup_folder
-    from temper.artifacts.serving.runtime import Runtime
-    from temper.pipeline.outputs import MANIFEST, backup_of, servable
-
-    only = models.only()
-    assert only is not None, "the burst fallback serves one model"  # a repository refuses the flag earlier
-    runtime = only.runtime
-    assert isinstance(runtime, Runtime), "a single bundle is served by a Runtime"
-    found, config = backup_folder(folder), None
-    if found is not None:
-        _check_backup(model, folder, found)
-    if found is None and (folder.parent / MANIFEST).is_file():  # a run's output folder: its fastest other pass
-        name = backup_of(folder.parent, folder.name)
-        if name is not None:
-            found, config = servable(folder.parent / name)
-    if found is None:
-        raise RecipeError(model, "--burst-fallback-ms", "no backup model: the bundle has no backup/ folder, and no "
-                                                        "other pair of its run passed every gate on its engine")
-    backup = Runtime(found, config=config, instances=instances)
-    mine = [(s.name, s.dtype) for s in runtime.config.inputs + runtime.config.outputs]
-    if [(s.name, s.dtype) for s in backup.config.inputs + backup.config.outputs] != mine:
-        raise RecipeError(model, "--burst-fallback-ms", f"the backup model {found} takes or answers other tensors")
-    runtime.fallback = BurstFallback(runtime, backup, target_ms)
-    return f", with the burst fallback to {found.name} over {target_ms:g} ms"
-
-
-def _check_backup(model: str, folder: Path, found: Path) -> None:
-    """A published bundle's backup/ model checked against the manifest it ships: the sha256 recorded for the pair its
-    report.json names as the backup (the fastest other that passed every gate, pipeline/outputs.py backup_of). A
-    bundle without a manifest (made by hand) serves its backup as it is, as it does its model."""
-    from temper.artifacts.formats.integrity import REPORT, Mismatch, check_model, read_manifest
-    from temper.pipeline.outputs import MANIFEST, backup_of
-
-    if not (folder / MANIFEST).is_file() or not (folder / REPORT).is_file():
-        return
-    try:
-        name = backup_of(folder)
-        if name is None:
-            raise Mismatch(found, f"is a backup model, but {REPORT} names no other pair that passed every gate on the "
-                                  f"selected engine: {PULL_AGAIN}")
-        check_model(found / "model.onnx", name, read_manifest(folder, PULL_AGAIN), PULL_AGAIN)
-    except Mismatch as exc:
-        raise RecipeError(f"{model}/{exc.file.relative_to(folder)}", "--burst-fallback-ms", str(exc)) from None
 
 
 def _single(model: str, folder: Path, config: ServingConfig | None, unchecked: str | None, version: str,

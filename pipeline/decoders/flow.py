@@ -98,6 +98,10 @@ def run(loaded: LoadedDecoder, output: Path, cache_root: Path, *, use_cache: boo
     for name in require or ():
         if name not in known:
             raise RecipeError(file, "--require", f"no candidate named '{name}'; candidates: {', '.join(known)}")
+    if any(spec.weights.method == "nncf" for spec in recipe.candidates.values()):
+        from temper.pipeline.quantize_backends.nncf import require as nncf
+
+        nncf()  # not installed: exit 3 before the baseline's export, which takes minutes on a real model
     staged = _staging(output, file)
     try:
         progress("baseline: ONNX Runtime GenAI model builder, FP32")

@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from temper.artifacts.formats.repository import ModelRepository, Source
-from temper.artifacts.serving.models import Models, _build
+from temper.artifacts.serving.models import Models, runtime_of
 from temper.artifacts.serving.runtime import Runtime
 from temper.artifacts.triton.config import export_repository
 from tests.artifacts.servers import MODEL, _bundle, _tiny_model
@@ -48,12 +48,12 @@ class Gate:
     def build(self, source: Source, instances: int | None) -> Runtime:
         self.waiting.set()
         assert self.open.wait(60), "the test never opened the gate"
-        return _build(source, instances)
+        return runtime_of(source, instances)
 
 
 def models(repo: Path, mode: str = "none", startup: list[str] | None = None, strict: bool = True,
            gate: Gate | None = None, instances: int | None = 0) -> Models:
-    return Models(ModelRepository(repo), mode, startup, strict, instances, build=gate.build if gate else _build)
+    return Models(ModelRepository(repo), mode, startup, strict, instances, build=gate.build if gate else runtime_of)
 
 
 def outputs(reply: dict) -> dict[str, np.ndarray]:

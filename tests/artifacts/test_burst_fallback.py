@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from temper.artifacts.formats import bundle
-from tests.artifacts.servers import Client, _counter, _free_port, _metrics, _temper_serve
+from tests.artifacts.servers import Client, _counter, _families, _free_port, _metrics, _temper_serve
 
 WIDTH = 256
 CLIENTS, BURST = 16, 12
@@ -167,6 +167,45 @@ def test_off_by_default(served):
         c.close()
     assert all(a == {} for a in answers)  # no fallback parameters: the primary answered every one
     assert not any(name.startswith("temper_fallback") for name, _ in metrics)
+
+
+def test_a_repository_model_falls_back_to_the_backup_export_triton_carries(served, temper, tmp_path):
+    """export-triton copies the bundle's backup/ into the version folder (Triton ignores it), and `temper serve REPO
+    --burst-fallback-ms` gives that model its fallback as serving the bundle does; a model without one serves
+    without, said once at start."""
+    assert temper("export-triton", served, "--dest", tmp_path / "repo").code == 0
+    assert (tmp_path / "repo" / "chain" / "1" / "backup" / "model.onnx").is_file()
+    lone = _model(tmp_path / "lone.onnx", 1)
+    bundle.write(tmp_path / "lone", lone, bundle.config_for(lone, "lone", max_batch_size=16))
+    assert temper("export-triton", tmp_path / "lone", "--dest", tmp_path / "repo").code == 0
+    target_ms = round(max(2.0, 3 * _alone_ms(served)), 3)
+    args = ("--instances", "0", "--burst-fallback-ms", str(target_ms))
+    with _temper_serve(str(tmp_path / "repo"), args=args) as (port, output):
+        burst = _burst(port)
+        c = Client(port)
+        families = _families(c)
+        c.close()
+    by = [a["temper_served_by"] for a in burst]
+    assert by.count("backup") > 0 and by.count("primary") > 0, by
+    samples = [s for name, family in families.items() if name.startswith("temper_fallback") for s in family.samples]
+    assert {s.labels["model"] for s in samples} == {"chain"}  # the model without a backup has no fallback
+    assert [s.value for s in samples if s.name == "temper_fallback_requests_total"
+            and s.labels["served_by"] == "backup"] == [by.count("backup")]
+    said = output["stdout"] + output["stderr"]
+    assert "burst fallback over" in said and "for chain" in said, said
+    assert "lone: no backup/ folder in the served version; served without the burst fallback" in said, said
+
+
+def test_a_repository_without_any_backup_refuses_the_flag(temper, tmp_path):
+    lone = _model(tmp_path / "lone.onnx", 1)
+    bundle.write(tmp_path / "lone", lone, bundle.config_for(lone, "lone", max_batch_size=16))
+    assert temper("export-triton", tmp_path / "lone", "--dest", tmp_path / "repo").code == 0
+    result = temper("serve", tmp_path / "repo", "--burst-fallback-ms", "5")
+    assert result.code == 2
+    assert result.stderr.strip().splitlines() == [f"error: {tmp_path / 'repo'}: --burst-fallback-ms: no model of the "
+                                                  "repository carries a backup model (a backup/ folder in its served "
+                                                  "version, which `temper export-triton` writes from a bundle or run "
+                                                  "that has one)"], result.stderr
 
 
 class _Counters:

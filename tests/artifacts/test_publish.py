@@ -252,3 +252,12 @@ def test_the_backup_model_travels_with_the_published_bundle(temper, gated_digits
         f.write(b"\0")
     served = temper("serve", pulled, "--burst-fallback-ms", "50", "--port", str(_free_port()))
     assert served.code == 2 and "backup/model.onnx" in served.stderr and "--burst-fallback-ms" in served.stderr, served
+
+    # Exported from the run, the repository's version folder carries the same backup, checked the same way.
+    assert temper("export-triton", out, "--dest", tmp_path / "repo").code == 0
+    exported = tmp_path / "repo" / "digits-cnn" / "1" / "backup" / "model.onnx"
+    assert sha256_of(exported) == recorded(manifest, name)["sha256"]
+    with open(exported, "ab") as f:
+        f.write(b"\0")
+    served = temper("serve", tmp_path / "repo", "--burst-fallback-ms", "50", "--port", str(_free_port()))
+    assert served.code == 2 and "1/backup/model.onnx" in served.stderr, served

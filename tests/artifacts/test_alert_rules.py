@@ -141,9 +141,11 @@ def _scraping(prometheus: Path, target_port: int, folder: Path) -> Iterator[str]
         process.wait(timeout=30)
 
 
-def _query(api: str, expr: str) -> list[float]:
+def _query(api: str, expr: str, at: float) -> list[float]:
+    """The expression's values at the instant `at` (one instant for every query: rate() extrapolates to it)."""
+    query = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"})
     try:
-        with urllib.request.urlopen(f"{api}/query?{urllib.parse.urlencode({'query': expr})}", timeout=10) as answer:
+        with urllib.request.urlopen(f"{api}/query?{query}", timeout=10) as answer:
             body = json.loads(answer.read())
     except urllib.error.HTTPError as exc:  # a query Prometheus refuses: say which, and why
         raise AssertionError(f"{expr}: {exc.read().decode()}") from None
@@ -174,15 +176,16 @@ def test_a_real_prometheus_finds_what_each_rule_reads_on_temper_serve(prometheus
             time.sleep(0.01)
         time.sleep(1.5)  # the last scrape after the load
         client.close()
+        at = time.time()
         sides = {alert: rule["expr"].rsplit(" > ", 1)[0] for alert, rule in rules.items()}
-        per_replica = _query(api, sides["TritonThroughputNearCapacity"])
+        per_replica = _query(api, sides["TritonThroughputNearCapacity"], at)
         queued = rules["TritonThroughputUnderCapacity"]["expr"].split(" and ")[1]  # (QUEUE_US > KNEE)
-        queue_us = _query(api, queued[1:-1].rsplit(" > ", 1)[0])
-        errors = _query(api, sides["TritonErrorRate"])
-        fired = {alert: _query(api, rule["expr"]) for alert, rule in rules.items()}
-        answered = _query(api, 'nv_inference_request_success{model="tiny"}')
-        replicas = _query(api, 'count(nv_inference_pending_request_count{model="tiny"})')
-        p99, memory = _query(api, sides["TritonLatencyP99"]), _query(api, sides["TritonMemoryHigh"])
+        queue_us = _query(api, queued[1:-1].rsplit(" > ", 1)[0], at)
+        errors = _query(api, sides["TritonErrorRate"], at)
+        fired = {alert: _query(api, rule["expr"], at) for alert, rule in rules.items()}
+        answered = _query(api, 'nv_inference_request_success{model="tiny"}', at)
+        replicas = _query(api, 'count(nv_inference_pending_request_count{model="tiny"})', at)
+        p99, memory = _query(api, sides["TritonLatencyP99"], at), _query(api, sides["TritonMemoryHigh"], at)
     assert answered == [sent] and replicas == [1.0]  # the counter the rules read, and one replica counted
     assert len(per_replica) == 1 and per_replica[0] > 0  # (its value needs rate()'s whole 5 minutes of samples)
     assert len(queue_us) == 1 and queue_us[0] >= 0

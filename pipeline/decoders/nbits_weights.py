@@ -17,7 +17,6 @@ the recipe refuses gptq with bits 8.
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import logging
 from collections.abc import Sequence
@@ -25,42 +24,29 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from onnxruntime.quantization import CalibrationDataReader
+from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
 from temper.pipeline.decoders.spec import WeightOptions
 
 
-class _Windows:
-    """GPTQ's calibration reader: the prefill feeds in order (ONNX Runtime deep-copies it before reading)."""
+class _Windows(CalibrationDataReader):
+    """GPTQ's calibration reader: the prefill feeds in order (ONNX Runtime deep-copies it, cursor and all, before
+    reading)."""
 
     def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
-        self.feeds = feeds
-        self.index = 0
+        self.feeds = iter(feeds)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
-        if self.index == len(self.feeds):
-            return None
-        self.index += 1
-        return self.feeds[self.index - 1]
-
-    def __iter__(self) -> _Windows:
-        return copy.copy(self)  # a fresh cursor over the same feeds
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        feed = self.get_next()
-        if feed is None:
-            raise StopIteration
-        return feed
+        return next(self.feeds, None)
 
 
-def _per_node(base: Any) -> Any:
-    class _PerNode(base):
-        """INC's per-node config at the quantizer's bits, the excluded nodes marked "fp32" (see the module)."""
+class _PerNode(MatMulNBitsQuantizer):
+    """INC's per-node config at the quantizer's bits, the excluded nodes marked "fp32" (see the module)."""
 
-        def _generate_q4_node_config(self) -> dict[str, Any]:
-            config = super()._generate_q4_node_config()
-            return {n: "fp32" if n in self.nodes_to_exclude else {**c, "bits": self.bits} for n, c in config.items()}
-
-    return _PerNode
+    def _generate_q4_node_config(self) -> dict[str, Any]:
+        config = super()._generate_q4_node_config()
+        return {n: "fp32" if n in self.nodes_to_exclude else {**c, "bits": self.bits} for n, c in config.items()}
 
 
 def _odd_blocks(model: Any, kept: list[str], block: int) -> str | None:
@@ -102,7 +88,7 @@ def quantize(base: Path, name: str, options: WeightOptions, kept: list[str], out
     if odd and options.bits == 4:
         raise ValueError(f"{algorithm} at 4 bits needs an even number of blocks per weight column (ONNX Runtime's "
                          f"zero-point packing): {odd}")
-    quantizer = _per_node(nbits.MatMulNBitsQuantizer)(
+    quantizer = _PerNode(
         model, bits=options.bits, block_size=options.block_size,
         is_symmetric=options.symmetric, accuracy_level=level or None, nodes_to_exclude=kept, algo_config=config)
     logging.getLogger("neural_compressor").setLevel(logging.ERROR)  # k-quant's note that it runs on the CPU

@@ -79,6 +79,20 @@ def _burst_with(connect: Callable[[], Any], ask: Callable[[Any], dict]) -> list[
     return answers
 
 
+def _fell_back_and_recovered(before: dict, burst: list[dict], after: list[dict], metrics: dict) -> None:
+    """One request before the burst on the primary, both models serving during it (the backup for queue time),
+    the primary again after it, and /metrics counting each model's share as the answers said it."""
+    assert before == {"temper_served_by": "primary", "temper_fallback_cause": ""}
+    assert len(burst) == CLIENTS * BURST
+    by = [a["temper_served_by"] for a in burst]
+    assert by.count("backup") > 0 and by.count("primary") > 0, by
+    assert all(a["temper_fallback_cause"] == "queue_time" for a in burst if a["temper_served_by"] == "backup")
+    assert after[-1] == {"temper_served_by": "primary", "temper_fallback_cause": "recovered"}
+    total = 1 + len(burst) + len(after)
+    served_by = {w: _counter(metrics, "temper_fallback_requests_total", served_by=w) for w in ("primary", "backup")}
+    assert served_by == {"primary": total - by.count("backup"), "backup": by.count("backup")}
+
+
 def _alone_ms(served: Path) -> float:
     """The primary's median answer time for one client alone, on this host now (no fallback)."""
     with _temper_serve(str(served), args=("--instances", "0")) as (port, _):
@@ -106,14 +120,7 @@ def test_a_burst_goes_to_the_backup_and_comes_back(served):
         after = [_request(c) for _ in range(5)]  # one client again: the primary's queue is empty
         metrics = _metrics(c)
         c.close()
-    assert before == {"temper_served_by": "primary", "temper_fallback_cause": ""}
-    by = [a["temper_served_by"] for a in burst]
-    assert by.count("backup") > 0 and by.count("primary") > 0, by
-    assert all(a["temper_fallback_cause"] == "queue_time" for a in burst if a["temper_served_by"] == "backup")
-    assert after[-1] == {"temper_served_by": "primary", "temper_fallback_cause": "recovered"}
-    total = 1 + CLIENTS * BURST + 5
-    served_by = {w: _counter(metrics, "temper_fallback_requests_total", served_by=w) for w in ("primary", "backup")}
-    assert served_by == {"primary": total - by.count("backup"), "backup": by.count("backup")}
+    _fell_back_and_recovered(before, burst, after, metrics)
     assert _counter(metrics, "temper_fallback_switches_total", to="backup", cause="queue_time") >= 1
     assert _counter(metrics, "temper_fallback_switches_total", to="primary", cause="recovered") >= 1
     assert _counter(metrics, "temper_fallback_active") == 0
@@ -148,15 +155,7 @@ def test_grpc_answers_carry_the_same_parameters(served):
         c = Client(port)
         metrics = _metrics(c)
         c.close()
-    assert before == {"temper_served_by": "primary", "temper_fallback_cause": ""}
-    assert len(answers) == CLIENTS * BURST
-    by = [a["temper_served_by"] for a in answers]
-    assert by.count("backup") > 0 and by.count("primary") > 0, by
-    assert all(a["temper_fallback_cause"] == "queue_time" for a in answers if a["temper_served_by"] == "backup")
-    assert after[-1] == {"temper_served_by": "primary", "temper_fallback_cause": "recovered"}
-    total = 1 + CLIENTS * BURST + 5
-    served_by = {w: _counter(metrics, "temper_fallback_requests_total", served_by=w) for w in ("primary", "backup")}
-    assert served_by == {"primary": total - by.count("backup"), "backup": by.count("backup")}
+    _fell_back_and_recovered(before, answers, after, metrics)
 
 
 def test_off_by_default(served):

@@ -25,13 +25,18 @@ def _client(uri: str) -> MlflowClient:
     return MlflowClient(uri, uri)
 
 
+def _by_size_without_a_speed_gate(recipe: Path) -> None:
+    """Select by size, which noise cannot change, with no speed gate: every candidate that keeps accuracy and
+    fidelity passes, so a run selects the same model twice and the selection has peers."""
+    edit_recipe(recipe, lambda d: (d.update(select="smallest-passing"), d["validate"]["throughput"].pop("min_speedup"),
+                                   d["validate"]["throughput"].pop("speedup_at")))
+
+
 @pytest.mark.slow
 def test_publish_registers_the_selected_candidate_once(temper, gated_digits, tmp_path, tracking_store):
     # Reuse needs both runs to select the same model: by size, which noise cannot change (a speed
     # selection on a busy host may pick another candidate the second time, and rightly publish it anew).
-    edit_recipe(gated_digits, lambda d: (d.update(select="smallest-passing"),
-                                         d["validate"]["throughput"].pop("min_speedup"),
-                                         d["validate"]["throughput"].pop("speedup_at")))
+    _by_size_without_a_speed_gate(gated_digits)
     out = tmp_path / "out"
     result = temper("run", gated_digits, "--output", out)
     assert result.code == 0, result.stderr
@@ -224,9 +229,7 @@ def test_the_backup_model_travels_with_the_published_bundle(temper, gated_digits
     from tests.artifacts.servers import Client, _temper_serve
 
     # No speed gate: every candidate that keeps accuracy and fidelity passes, so the selection has peers.
-    edit_recipe(gated_digits, lambda d: (d.update(select="smallest-passing"),
-                                         d["validate"]["throughput"].pop("min_speedup"),
-                                         d["validate"]["throughput"].pop("speedup_at")))
+    _by_size_without_a_speed_gate(gated_digits)
     out = tmp_path / "out"
     result = temper("run", gated_digits, "--output", out)
     assert result.code == 0, result.stderr
